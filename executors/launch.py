@@ -1,0 +1,171 @@
+"""Launching one task as one ``mpiexec -n R`` job: shared by the mpirun and Parsl executors.
+
+:class:`MPILaunch` writes the task directory, starts the launcher in its own
+process session, enforces the walltime, kills the whole process tree on
+timeout or cancel, and turns what the ranks wrote into a value or a typed error.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from typing import List, Optional, Sequence
+
+import psutil
+
+from hetflow.errors import LaunchError, TaskCancelled, WalltimeExceeded
+from hetflow.executors._rank import read_deaths, read_outcomes
+from hetflow.spec import Resources
+
+
+def default_mpiexec() -> str:
+    """The launcher next to this interpreter (the mpich wheel's), else the one on PATH."""
+    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.exists(local):
+        return local
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if not found:
+        raise LaunchError("no mpiexec found: install the 'mpich' wheel (pip install mpich) "
+                          "or put an MPI launcher on PATH")
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def launcher_flavour(mpiexec: str) -> str:
+    """"openmpi" or "mpich" (Hydra), from the launcher's --version."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "mpich"
+    return "openmpi" if "Open MPI" in out or "OpenRTE" in out else "mpich"
+
+
+def launcher_env(mpiexec: str, base: Optional[dict] = None) -> dict:
+    """Environment for the launcher; Open MPI as root needs its two opt-in variables."""
+    env = dict(os.environ if base is None else base)
+    if launcher_flavour(mpiexec) == "openmpi" and os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def mpiexec_command(mpiexec: str, ranks: int, extra: Sequence[str] = (),
+                    python: Optional[str] = None) -> List[str]:
+    """``mpiexec -n R [extra] python -m hetflow.executors._rank``; the task dir comes last."""
+    cmd = [mpiexec, "-n", str(ranks)]
+    if launcher_flavour(mpiexec) == "openmpi" and ranks > (os.cpu_count() or 1):
+        cmd.append("--oversubscribe")
+    cmd += list(extra)
+    cmd += [python or sys.executable, "-m", "hetflow.executors._rank"]
+    return cmd
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a launcher and everything under it (Hydra proxies and ranks included)."""
+    try:
+        parent = psutil.Process(pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        procs = []
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=5)
+
+
+def tail(path: str, limit: int = 4000) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - limit))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class MPILaunch:
+    """One task's ``mpiexec`` job: prepare, run to completion (or walltime), collect."""
+
+    def __init__(self, taskdir: str, payload: bytes, resources: Resources, sys_path: List[str],
+                 command: List[str], env: dict):
+        self.taskdir = taskdir
+        self.resources = resources
+        self.command = command + [taskdir]
+        self.env = env
+        self.proc: Optional[subprocess.Popen] = None
+        self.cancelled = False
+        os.makedirs(taskdir, exist_ok=True)
+        with open(os.path.join(taskdir, "task.pkl"), "wb") as fh:
+            fh.write(payload)
+        with open(os.path.join(taskdir, "meta.json"), "w") as fh:
+            json.dump({"resources": asdict(resources), "sys_path": sys_path}, fh)
+        self.stdout = os.path.join(taskdir, "stdout")
+        self.stderr = os.path.join(taskdir, "stderr")
+
+    def start(self) -> None:
+        with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
+            try:
+                self.proc = subprocess.Popen(self.command, cwd=self.taskdir, stdout=out,
+                                             stderr=err, env=self.env, start_new_session=True)
+            except OSError as exc:
+                raise LaunchError(f"could not start the MPI launcher: {exc}",
+                                  command=self.command, logs=[self.stderr]) from exc
+
+    def wait(self, task_id=None, executor: str = "") -> tuple:
+        """Block until the job ends; ``(outcomes, returncode, error_or_None)``."""
+        assert self.proc is not None
+        walltime = self.resources.walltime
+        try:
+            returncode = self.proc.wait(timeout=walltime)
+        except subprocess.TimeoutExpired:
+            kill_tree(self.proc.pid)
+            self.proc.wait()
+            return {}, self.proc.returncode, WalltimeExceeded(
+                f"task {task_id} ({executor}) exceeded its walltime of {walltime} s and was "
+                "stopped", walltime=walltime, task_id=task_id)
+        # Ranks may have left orphans (a task's own subprocesses): end the session.
+        kill_tree(self.proc.pid)
+        if self.cancelled:
+            return {}, returncode, TaskCancelled(f"task {task_id} ({executor}) was cancelled")
+        return read_outcomes(self.taskdir), returncode, None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.proc is not None and self.proc.poll() is None:
+            kill_tree(self.proc.pid)
+
+    def deaths(self) -> dict:
+        return read_deaths(self.taskdir)
+
+    def stderr_tail(self) -> str:
+        return tail(self.stderr)
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.taskdir, ignore_errors=True)
+
+
+def timestamps(outcomes: dict, launched: float) -> dict:
+    """The rank-0 start/finish stamps for :class:`TaskTimes` (launch stamp included)."""
+    stamps = {"launched": launched}
+    root = outcomes.get(0)
+    if root is not None:
+        stamps.update(started=root.started, finished=root.finished)
+    return stamps
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,37 @@
+"""hetflow: MPI apps on heterogeneous communicators, through interchangeable runtimes.
+
+The public surface is this module's ``__all__``. Parsl-facing names load lazily
+so that MPI ranks, which only need the rank-side runner, start fast.
+"""
+import importlib
+
+from hetflow.errors import (ConfigError, ExecutorBroken, HetflowError, InputError, LaunchError,
+                            NotSupported, ResourcesUnavailable, TaskCancelled, TaskFailed,
+                            TaskLost, WalltimeExceeded)
+from hetflow.spec import Resources
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "mpi_app": "hetflow.apps", "MPIApp": "hetflow.apps", "current_comm": "hetflow._task",
+    "runtime": "hetflow.runtime", "available_runtimes": "hetflow.runtime",
+    "task_times": "hetflow.executors.base", "TaskTimes": "hetflow.executors.base",
+    "cancel": "hetflow.executors.base",
+}
+
+__all__ = sorted(set(_LAZY) | {
+    "Resources", "HetflowError", "ConfigError", "InputError", "ResourcesUnavailable",
+    "NotSupported", "LaunchError", "TaskFailed", "TaskLost", "WalltimeExceeded", "TaskCancelled",
+    "ExecutorBroken"})
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hetflow' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,99 @@
+"""``@mpi_app``: a Python function that runs on its own MPI communicator, as a Parsl app.
+
+The decorated function is written ``def f(comm, *args, **kwargs)``. Calling it
+submits a task to the loaded Parsl DataFlowKernel (so futures passed as
+arguments become dependencies, and Parsl's retries, memoization and monitoring
+apply); the executor runs it on ``ranks`` processes, each of which receives a
+communicator of exactly that size, private to the call.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional, Sequence, Union
+
+from parsl.app.app import AppBase
+from parsl.dataflow.dflow import DataFlowKernelLoader
+
+from hetflow._task import MPITask, current_comm, task_comm
+from hetflow.errors import ConfigError
+from hetflow.spec import Resources
+
+#: The per-call override keyword accepted by every MPI app.
+RESOURCES_KWARG = "hetflow_resources"
+
+
+class MPIApp(AppBase):
+    """The object ``@mpi_app`` returns; call it to get an AppFuture."""
+
+    def __init__(self, fn: Callable, resources: Resources, *, executors="all",
+                 cache: bool = False, ignore_for_cache: Optional[Sequence[str]] = None,
+                 data_flow_kernel=None):
+        self.resources = resources
+        self.fn = fn
+        task = MPITask(fn)
+        super().__init__(task, data_flow_kernel=data_flow_kernel, executors=executors,
+                         cache=cache, ignore_for_cache=ignore_for_cache)
+        functools.update_wrapper(self, fn)
+
+    def options(self, **overrides: Any) -> "MPIApp":
+        """The same app with some resources replaced, e.g. ``f.options(ranks=4)(x)``."""
+        return MPIApp(self.fn, self.resources.replace(**overrides), executors=self.executors,
+                      cache=self.cache, ignore_for_cache=self.ignore_for_cache,
+                      data_flow_kernel=self.data_flow_kernel)
+
+    def __call__(self, *args: Any, **kwargs: Any):
+        resources = self.resources
+        override = kwargs.pop(RESOURCES_KWARG, None)
+        if override is not None:
+            if not isinstance(override, dict):
+                raise ConfigError(f"{RESOURCES_KWARG} must be a dict, got {type(override).__name__}")
+            resources = resources.replace(**override)
+        if "parsl_resource_specification" in kwargs:
+            raise ConfigError("pass resources through mpi_app(...), .options(...) or "
+                              f"{RESOURCES_KWARG}=..., not parsl_resource_specification")
+        _check_picklable(self.fn.__name__, args, kwargs)
+        dfk = self.data_flow_kernel or DataFlowKernelLoader.dfk()
+        app_kwargs = dict(self.kwargs)
+        app_kwargs.update(kwargs)
+        app_kwargs["parsl_resource_specification"] = resources.to_spec()
+        return dfk.submit(self.func, app_args=args, executors=self.executors, cache=self.cache,
+                          ignore_for_cache=self.ignore_for_cache, app_kwargs=app_kwargs)
+
+
+def _check_picklable(name: str, args, kwargs) -> None:
+    """Reject arguments no executor could ship, at call time rather than on a rank."""
+    import cloudpickle
+    from concurrent.futures import Future
+
+    for i, value in enumerate(list(args) + list(kwargs.values())):
+        if isinstance(value, Future):
+            continue
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's input
+            where = f"argument {i}" if i < len(args) else f"keyword {list(kwargs)[i - len(args)]!r}"
+            raise ConfigError(f"{where} of MPI app {name!r} cannot be pickled "
+                              f"({type(exc).__name__}: {exc})") from exc
+
+
+def mpi_app(function: Optional[Callable] = None, *, ranks: int = 1, cores_per_rank: int = 1,
+            gpus_per_rank: int = 0, walltime: Optional[float] = None, returns: str = "root",
+            retries: int = 0, executors: Union[str, Sequence[str]] = "all", cache: bool = False,
+            ignore_for_cache: Optional[Sequence[str]] = None, data_flow_kernel=None):
+    """Decorate ``def f(comm, *args, **kwargs)`` as an MPI app of ``ranks`` ranks.
+
+    Usable bare (``@mpi_app``) or with arguments (``@mpi_app(ranks=4)``).
+    """
+    resources = Resources(ranks=ranks, cores_per_rank=cores_per_rank, gpus_per_rank=gpus_per_rank,
+                          walltime=walltime, returns=returns, retries=retries)
+
+    def decorate(fn: Callable) -> MPIApp:
+        if not callable(fn):
+            raise ConfigError(f"mpi_app decorates a function, got {fn!r}")
+        return MPIApp(fn, resources, executors=executors, cache=cache,
+                      ignore_for_cache=ignore_for_cache, data_flow_kernel=data_flow_kernel)
+
+    return decorate(function) if function is not None else decorate
+
+
+__all__ = ["mpi_app", "MPIApp", "MPITask", "current_comm", "task_comm"]

@@ -1,0 +1,107 @@
+"""``hetflow.runtime(name)``: load a Parsl DataFlowKernel on one hetflow executor.
+
+Executors are found by name through the ``hetflow.executors`` entry-point group,
+so a third party adds a runtime by declaring one in its own package metadata.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from importlib.metadata import entry_points
+from typing import Any, Dict, Iterator, Optional
+
+from hetflow.errors import ConfigError, InputError, NotSupported, ResourcesUnavailable, TaskCancelled
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "hetflow.executors"
+
+#: Parsl's retry budget when hetflow's handler decides per task (fail costs are 0/1/infinite).
+_RETRY_BUDGET = 1_000_000
+
+
+def available_runtimes() -> Dict[str, Any]:
+    """Runtime name -> entry point, for every installed hetflow executor."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def executor_class(name: str):
+    """The executor class registered under ``name``."""
+    found = available_runtimes()
+    if name not in found:
+        raise ConfigError(f"unknown runtime {name!r}; installed: {sorted(found)}")
+    return found[name].load()
+
+
+def retryable(exc: BaseException) -> bool:
+    """False for failures a retry cannot fix: bad config, bad input, cancellation."""
+    never = (ConfigError, InputError, NotSupported, ResourcesUnavailable, TaskCancelled)
+    if isinstance(exc, never):
+        return False
+    inner = getattr(exc, "exception", None)
+    if isinstance(inner, never):
+        return False
+    return True
+
+
+def retry_cost(exc: BaseException, task_record) -> float:
+    """Parsl ``retry_handler``: retry up to the app's ``retries`` unless the error is final."""
+    spec = task_record.get("resource_specification") or {}
+    allowed = (spec.get("hetflow") or {}).get("retries", 0)
+    if not retryable(exc) or task_record["fail_count"] > allowed:
+        return _RETRY_BUDGET + 1
+    return 1
+
+
+def make_config(executor, *, run_dir: str, monitoring=None, memoizer=None, **config_options):
+    """A Parsl Config around one hetflow executor, with hetflow's retry policy."""
+    from parsl.config import Config
+
+    options = dict(executors=[executor], run_dir=run_dir, retries=_RETRY_BUDGET,
+                   retry_handler=retry_cost, initialize_logging=False, monitoring=monitoring,
+                   usage_tracking=0)
+    options.update(getattr(executor, "parsl_config_options", lambda: {})())
+    if memoizer is not None:
+        options["memoizer"] = memoizer
+    options.update(config_options)
+    return Config(**options)
+
+
+@contextlib.contextmanager
+def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir: bool = False,
+            monitoring=None, memoizer=None, config_options: Optional[dict] = None,
+            **executor_options) -> Iterator[Any]:
+    """Start runtime ``name`` (``"mpirun"``, ``"parsl"``, ``"radical"``, ``"pool"``) for the block.
+
+    Yields the Parsl DataFlowKernel; MPI apps called inside the block run on it.
+    ``run_dir`` (default: a fresh temp dir) holds Parsl's run info and the
+    executor's task dirs and sandboxes; it is removed on exit unless
+    ``keep_run_dir`` or ``run_dir`` was given. Extra keywords go to the executor.
+    """
+    import parsl
+
+    cls = executor_class(name)
+    owned = run_dir is None
+    base = tempfile.mkdtemp(prefix=f"hetflow-{name}-") if owned else os.path.abspath(run_dir)
+    os.makedirs(base, exist_ok=True)
+    try:
+        executor = cls(**executor_options)
+        config = make_config(executor, run_dir=os.path.join(base, "runinfo"), monitoring=monitoring,
+                             memoizer=memoizer, **(config_options or {}))
+        dfk = parsl.load(config)
+    except BaseException:
+        if owned and not keep_run_dir:
+            shutil.rmtree(base, ignore_errors=True)
+        raise
+    try:
+        yield dfk
+    finally:
+        try:
+            dfk.cleanup()
+        finally:
+            parsl.clear()
+            if owned and not keep_run_dir:
+                shutil.rmtree(base, ignore_errors=True)

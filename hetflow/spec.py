@@ -1,0 +1,82 @@
+"""The one resource vocabulary every executor translates: :class:`Resources`."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from hetflow.errors import ConfigError
+
+RETURNS = ("root", "all")
+
+
+def _positive_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resources:
+    """What one MPI task asks for.
+
+    ranks: size of the task's private communicator.
+    cores_per_rank: cores reserved for each rank (sets OMP_NUM_THREADS).
+    gpus_per_rank: GPUs bound to each rank via CUDA_VISIBLE_DEVICES.
+    walltime: seconds before the task is stopped with WalltimeExceeded (None: no limit).
+    returns: "root" resolves the future to rank 0's value, "all" to every rank's, in rank order.
+    retries: extra tries after a retryable failure (bad input is never retried).
+    """
+
+    ranks: int = 1
+    cores_per_rank: int = 1
+    gpus_per_rank: int = 0
+    walltime: Optional[float] = None
+    returns: str = "root"
+    retries: int = 0
+
+    def __post_init__(self):
+        _positive_int("ranks", self.ranks, 1)
+        _positive_int("cores_per_rank", self.cores_per_rank, 1)
+        _positive_int("gpus_per_rank", self.gpus_per_rank, 0)
+        _positive_int("retries", self.retries, 0)
+        if self.walltime is not None:
+            if isinstance(self.walltime, bool) or not isinstance(self.walltime, (int, float)):
+                raise ConfigError(f"walltime must be seconds (a number) or None, got {self.walltime!r}")
+            if not self.walltime > 0:
+                raise ConfigError(f"walltime must be > 0 seconds, got {self.walltime}")
+        if self.returns not in RETURNS:
+            raise ConfigError(f"returns must be one of {RETURNS}, got {self.returns!r}")
+
+    @property
+    def cores(self) -> int:
+        """Cores the whole task occupies."""
+        return self.ranks * self.cores_per_rank
+
+    def replace(self, **overrides: Any) -> "Resources":
+        """A copy with ``overrides`` applied; unknown keys raise ConfigError."""
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(
+                f"unknown resource key(s) {sorted(unknown)}; expected some of "
+                f"{[f.name for f in dataclasses.fields(self)]}")
+        return dataclasses.replace(self, **overrides)
+
+    def to_spec(self) -> dict:
+        """The dict carried to executors as Parsl's ``parsl_resource_specification``."""
+        return {"hetflow": dataclasses.asdict(self)}
+
+    @classmethod
+    def from_spec(cls, spec: Optional[Mapping[str, Any]]) -> "Resources":
+        """Rebuild from :meth:`to_spec`'s dict; a plain Parsl app (no spec) is one rank."""
+        if not spec:
+            return cls()
+        if "hetflow" not in spec:
+            raise ConfigError(
+                f"resource specification {dict(spec)!r} is not hetflow's; "
+                "decorate the function with @hetflow.mpi_app(...) instead")
+        extra = set(spec) - {"hetflow"}
+        if extra:
+            raise ConfigError(f"unknown resource specification key(s) {sorted(extra)}")
+        return cls().replace(**spec["hetflow"])

@@ -1,0 +1,29 @@
+"""Shared fixtures: the executors every parity test runs on, and leak checks."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+#: Executor name -> the options the tests start it with (4 rank slots on this 2-core
+#: machine, so 3-rank tasks and heterogeneous pairs fit; oversubscribed on purpose).
+EXECUTOR_OPTIONS = {
+    "mpirun": {"max_ranks": 4},
+}
+
+#: The executors the parity suite runs on; each back-end adds itself here when it lands.
+PARITY_EXECUTORS = ["mpirun"]
+
+
+@pytest.fixture(scope="module", params=PARITY_EXECUTORS)
+def runtime_name(request):
+    """Each parity-suite module runs once per executor, with that runtime loaded."""
+    import hetflow
+
+    with hetflow.runtime(request.param, **EXECUTOR_OPTIONS[request.param]):
+        yield request.param
