@@ -1,0 +1,124 @@
+"""MPI apps through the bare-metal mpirun executor, under real mpiexec with 1-3 ranks."""
+import os
+import time
+
+import pytest
+
+import hetflow
+from hetflow.executors.base import SlotScheduler
+
+
+@hetflow.mpi_app(ranks=2, returns="all")
+def sizes(comm, x):
+    return (comm.Get_rank(), comm.Get_size(), x)
+
+
+@hetflow.mpi_app(ranks=2)
+def raise_on_rank_one(comm):
+    if comm.Get_rank() == 1:
+        raise KeyError("rank one")
+    comm.Barrier()
+
+
+@hetflow.mpi_app(ranks=3)
+def exit_on_rank_one(comm):
+    if comm.Get_rank() == 1:
+        os._exit(3)
+    comm.Barrier()
+
+
+@hetflow.mpi_app(ranks=1, walltime=1)
+def sleeper(comm):
+    time.sleep(60)
+
+
+@hetflow.mpi_app(ranks=1)
+def allreduce_sum(comm, x):
+    return comm.allreduce(x)
+
+
+@pytest.fixture(scope="module")
+def dfk():
+    with hetflow.runtime("mpirun", max_ranks=4) as loaded:
+        yield loaded
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_communicator_has_requested_size(dfk, ranks):
+    got = sizes.options(ranks=ranks)(ranks).result()
+    assert got == [(r, ranks, ranks) for r in range(ranks)]
+
+
+@pytest.mark.timeout(60)
+def test_heterogeneous_tasks_in_flight_see_their_own_size(dfk):
+    one = sizes.options(ranks=1)("a")
+    two = sizes(x="b", hetflow_resources={"ranks": 2})
+    assert one.result() == [(0, 1, "a")]
+    assert two.result() == [(0, 2, "b"), (1, 2, "b")]
+
+
+@pytest.mark.timeout(60)
+def test_future_as_dependency(dfk):
+    first = allreduce_sum.options(ranks=2)(3)
+    second = allreduce_sum.options(ranks=3)(first)
+    assert first.result() == 6
+    assert second.result() == 18
+
+
+@pytest.mark.timeout(60)
+def test_exception_on_rank_one_names_rank_and_traceback(dfk):
+    with pytest.raises(hetflow.TaskFailed) as info:
+        raise_on_rank_one().result()
+    assert info.value.rank == 1
+    assert isinstance(info.value.exception, KeyError)
+    assert "raise KeyError" in info.value.remote_traceback or "KeyError" in info.value.remote_traceback
+
+
+@pytest.mark.timeout(60)
+def test_exit_on_one_rank_is_task_lost_naming_it(dfk):
+    with pytest.raises(hetflow.TaskLost) as info:
+        exit_on_rank_one().result()
+    assert info.value.rank == 1
+    assert "os._exit(3)" in str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_walltime_exceeded(dfk):
+    start = time.time()
+    with pytest.raises(hetflow.WalltimeExceeded):
+        sleeper().result()
+    assert time.time() - start < 30
+
+
+@pytest.mark.timeout(60)
+def test_more_ranks_than_max_is_rejected(dfk):
+    with pytest.raises(hetflow.ResourcesUnavailable, match="max_ranks=4"):
+        sizes.options(ranks=5)(1).result()
+    # the executor still works afterwards
+    assert sizes.options(ranks=1)(0).result() == [(0, 1, 0)]
+
+
+@pytest.mark.timeout(60)
+def test_task_times_recorded(dfk):
+    fut = sizes(1)
+    fut.result()
+    times = hetflow.task_times(fut)
+    assert times.submitted <= times.launched <= times.started <= times.finished <= times.delivered
+
+
+def test_bad_resources_fail_at_call_time():
+    with pytest.raises(hetflow.ConfigError):
+        hetflow.mpi_app(ranks=0)
+    with pytest.raises(hetflow.ConfigError, match="unknown resource"):
+        sizes.options(nodes=2)
+
+
+def test_scheduler_backfill_is_bounded():
+    sched = SlotScheduler(2, max_bypass=1)
+    sched.push("big", 2)
+    sched.push("small1", 1)
+    sched.push("small2", 1)
+    sched.free = [0]  # one slot busy
+    assert [item for item, _ in sched.pop_ready()] == ["small1"]
+    assert sched.pop_ready() == []  # the big task may not be bypassed again
