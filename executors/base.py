@@ -185,6 +185,10 @@ class HetflowExecutor(ParslExecutor):
     max_ranks: int = 1
     #: GPUs this executor can hand out; subclasses may override.
     gpus: int = 0
+    #: Features this runtime truly cannot provide, feature -> reason. The parity suite
+    #: then expects NotSupported naming the feature. Known features: "walltime",
+    #: "cancel_running", "resident_data".
+    unsupported: Dict[str, str] = {}
 
     def __init__(self, *, label: str, max_ranks: Optional[int] = None,
                  gpus: Optional[int] = None):

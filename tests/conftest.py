@@ -27,3 +27,11 @@ def runtime_name(request):
 
     with hetflow.runtime(request.param, **EXECUTOR_OPTIONS[request.param]):
         yield request.param
+
+
+@pytest.fixture
+def executor(runtime_name):
+    """The loaded hetflow executor object of the current parity run."""
+    from parsl.dataflow.dflow import DataFlowKernelLoader
+
+    return DataFlowKernelLoader.dfk().executors[runtime_name]

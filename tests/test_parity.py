@@ -1,0 +1,213 @@
+"""The executor-parity suite: one MPI app, unchanged, on every runtime.
+
+Every test runs once per executor in ``conftest.PARITY_EXECUTORS``. Each executor
+must give the same result or the same hetflow error type. Where a runtime truly
+cannot do a thing it lists the feature in ``executor.unsupported`` (feature ->
+reason) and must raise :class:`hetflow.NotSupported` naming it instead.
+"""
+import os
+import tempfile
+import time
+
+import pytest
+
+import hetflow
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# ----------------------------------------------------------------------------- apps
+@hetflow.mpi_app(ranks=2)
+def add(comm, a, b):
+    return comm.allreduce(a + b)
+
+
+@hetflow.mpi_app(ranks=2, returns="all")
+def who(comm, tag):
+    return (comm.Get_rank(), comm.Get_size(), tag)
+
+
+@hetflow.mpi_app(ranks=1, returns="all")
+def rendezvous(comm, mine, theirs, timeout=60.0):
+    """Touch ``mine``, wait for ``theirs``: both tasks were running at the same time."""
+    if comm.Get_rank() == 0:
+        open(mine, "w").close()
+        deadline = time.time() + timeout
+        while not os.path.exists(theirs):
+            if time.time() > deadline:
+                met = False
+                break
+            time.sleep(0.01)
+        else:
+            met = True
+    else:
+        met = None
+    met = comm.bcast(met, root=0)
+    return (comm.Get_rank(), comm.Get_size(), met)
+
+
+@hetflow.mpi_app(ranks=2)
+def raise_on_rank_one(comm):
+    if comm.Get_rank() == 1:
+        raise KeyError("missing on rank one")
+    comm.Barrier()
+    return "unreachable"
+
+
+@hetflow.mpi_app(ranks=3)
+def exit_on_rank_one(comm):
+    if comm.Get_rank() == 1:
+        os._exit(3)
+    comm.Barrier()
+    return "unreachable"
+
+
+@hetflow.mpi_app(ranks=2)
+def abort_on_rank_zero(comm):
+    if comm.Get_rank() == 0:
+        os.abort()
+    comm.Barrier()
+    return "unreachable"
+
+
+@hetflow.mpi_app(ranks=1, walltime=2)
+def sleeper(comm, seconds):
+    time.sleep(seconds)
+    return "slept"
+
+
+@hetflow.mpi_app(ranks=2, walltime=3)
+def collective_deadlock(comm):
+    if comm.Get_rank() == 0:
+        comm.Barrier()          # rank 1 never enters it
+    else:
+        comm.recv(source=0)     # rank 0 never sends
+    return "unreachable"
+
+
+@hetflow.mpi_app(ranks=1)
+def mark_and_sleep(comm, path, seconds):
+    open(path, "w").close()
+    time.sleep(seconds)
+    return "finished"
+
+
+def _expect_unsupported(executor, feature):
+    """True if the executor declares ``feature`` unsupported (then it must say so)."""
+    return feature in getattr(executor, "unsupported", {})
+
+
+# ----------------------------------------------------------------------------- results
+def test_root_result(runtime_name):
+    assert add(1, 2).result() == 6
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_returns_all_has_requested_size(runtime_name, ranks):
+    got = who.options(ranks=ranks)(ranks).result()
+    assert got == [(r, ranks, ranks) for r in range(ranks)]
+
+
+def test_heterogeneous_tasks_run_at_once_on_their_own_sizes(runtime_name):
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+        one = rendezvous.options(ranks=1)(a, b)
+        two = rendezvous.options(ranks=2)(b, a)
+        assert one.result() == [(0, 1, True)]
+        assert two.result() == [(0, 2, True), (1, 2, True)]
+
+
+def test_future_as_dependency(runtime_name):
+    first = add(1, 2)                            # 2 ranks: 6
+    second = add.options(ranks=3)(first, 1)      # 3 ranks: 21
+    assert second.result() == 21
+
+
+def test_per_call_resource_override(runtime_name):
+    got = who("x", hetflow_resources={"ranks": 3})
+    assert [size for _, size, _ in got.result()] == [3, 3, 3]
+
+
+def test_task_times_common_schema(runtime_name):
+    fut = who("t")
+    fut.result()
+    times = hetflow.task_times(fut)
+    assert times is not None and times.executor == runtime_name and times.ranks == 2
+    assert times.submitted <= times.launched <= times.started <= times.finished <= times.delivered
+    assert times.overhead_s >= 0
+
+
+# ----------------------------------------------------------------------------- failures
+def test_exception_on_rank_one(runtime_name):
+    with pytest.raises(hetflow.TaskFailed) as info:
+        raise_on_rank_one().result()
+    err = info.value
+    assert not isinstance(err, hetflow.TaskLost)
+    assert err.rank == 1
+    assert isinstance(err.exception, KeyError)
+    assert "missing on rank one" in err.remote_traceback
+
+
+def test_exit_code_on_one_rank_is_task_lost(runtime_name):
+    with pytest.raises(hetflow.TaskLost) as info:
+        exit_on_rank_one().result()
+    assert info.value.rank == 1
+    assert "os._exit(3)" in str(info.value)
+
+
+def test_abort_signal_is_task_lost(runtime_name):
+    with pytest.raises(hetflow.TaskLost) as info:
+        abort_on_rank_zero().result()
+    assert info.value.rank == 0
+
+
+def test_walltime_exceeded(runtime_name, executor):
+    if _expect_unsupported(executor, "walltime"):
+        with pytest.raises(hetflow.NotSupported, match="walltime"):
+            sleeper(60).result()
+        return
+    start = time.time()
+    with pytest.raises(hetflow.WalltimeExceeded):
+        sleeper(60).result()
+    assert time.time() - start < 45
+
+
+def test_collective_deadlock_ended_by_walltime(runtime_name, executor):
+    if _expect_unsupported(executor, "walltime"):
+        pytest.skip(executor.unsupported["walltime"])
+    with pytest.raises(hetflow.WalltimeExceeded):
+        collective_deadlock().result()
+
+
+def test_cancel_running_task(runtime_name, executor):
+    with tempfile.TemporaryDirectory() as tmp:
+        marker = os.path.join(tmp, "running")
+        fut = mark_and_sleep(marker, 60)
+        deadline = time.time() + 60
+        while not os.path.exists(marker):
+            assert time.time() < deadline, "task never started"
+            time.sleep(0.05)
+        if _expect_unsupported(executor, "cancel_running"):
+            with pytest.raises(hetflow.NotSupported, match="cancel"):
+                hetflow.cancel(fut)
+            return
+        start = time.time()
+        assert hetflow.cancel(fut) is True
+        with pytest.raises(hetflow.TaskCancelled):
+            fut.result(timeout=45)
+        assert time.time() - start < 45
+
+
+def test_more_ranks_than_the_runtime_has(runtime_name, executor):
+    too_many = executor.max_ranks + 1
+    with pytest.raises(hetflow.ResourcesUnavailable):
+        who.options(ranks=too_many)("big").result(timeout=30)
+
+
+def test_runtime_still_works_after_failures(runtime_name):
+    failures = [raise_on_rank_one(), exit_on_rank_one()]
+    good = [add(i, i) for i in range(4)]
+    assert [f.result() for f in good] == [0, 4, 8, 12]
+    for f in failures:
+        with pytest.raises(hetflow.TaskFailed):
+            f.result()
