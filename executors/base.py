@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import re
 import sys
 import threading
 import time
@@ -105,6 +106,9 @@ def collect(outcomes: Dict[int, RankOutcome], resources: Resources, *, task_id=N
         if deaths:
             rank = min(deaths)
             what, text = deaths[rank]
+            named = re.search(r"signal (\d+)", what)
+            if named and signal is None:
+                signal = int(named.group(1))
             others = [r for r in missing if r != rank]
             message = (f"task {task_id} ({executor}): rank {rank} of {resources.ranks} {what} "
                        f"without reporting ({how})")

@@ -1,0 +1,35 @@
+"""Parsl's monitoring records hetflow MPI apps like any other app."""
+import sqlite3
+
+import pytest
+
+import hetflow
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@hetflow.mpi_app(ranks=2)
+def counted(comm, x):
+    return comm.allreduce(x)
+
+
+@hetflow.mpi_app(ranks=1)
+def noop(comm):
+    return None
+
+
+def test_parsl_monitoring_records_mpi_apps(tmp_path):
+    from parsl.monitoring import MonitoringHub
+
+    db = tmp_path / "monitoring.db"
+    hub = MonitoringHub(logging_endpoint=f"sqlite:///{db}", resource_monitoring_enabled=False)
+    with hetflow.runtime("mpirun", max_ranks=4, monitoring=hub):
+        assert counted.options(ranks=1)(5).result() == 5
+        assert noop().result() is None
+    with sqlite3.connect(db) as con:
+        names = sorted(r[0] for r in con.execute("SELECT task_func_name FROM task"))
+        states = {r[0] for r in con.execute("SELECT task_status_name FROM status")}
+    assert names == ["counted", "noop"]
+    assert "exec_done" in states
+
+
