@@ -188,3 +188,4 @@ def test_checkpoint_journal_skips_unreadable_records(tmp_path):
     (tmp_path / ".tmp-123").write_bytes(b"partial")
     os.makedirs(tmp_path, exist_ok=True)
     assert journal.load() == {}
+

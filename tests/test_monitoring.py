@@ -1,4 +1,5 @@
-"""Parsl's monitoring records hetflow MPI apps like any other app."""
+"""Runtime-level behaviour: Parsl monitoring of MPI apps, run-dir clean-up."""
+import os
 import sqlite3
 
 import pytest
@@ -33,3 +34,10 @@ def test_parsl_monitoring_records_mpi_apps(tmp_path):
     assert "exec_done" in states
 
 
+def test_runtime_removes_its_temp_run_dir():
+    with hetflow.runtime("mpirun", max_ranks=2) as dfk:
+        run_dir = dfk.executors["mpirun"].run_dir
+        assert noop().result() is None
+        assert os.path.isdir(run_dir)
+    assert not os.path.exists(run_dir)
+    assert not os.path.exists(os.path.dirname(run_dir))
