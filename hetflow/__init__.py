@@ -16,7 +16,8 @@ _LAZY = {
     "mpi_app": "hetflow.apps", "MPIApp": "hetflow.apps", "current_comm": "hetflow._task",
     "runtime": "hetflow.runtime", "available_runtimes": "hetflow.runtime",
     "task_times": "hetflow.executors.base", "TaskTimes": "hetflow.executors.base",
-    "cancel": "hetflow.executors.base",
+    "cancel": "hetflow.executors.base", "task_state": "hetflow.executors.base",
+    "keep": "hetflow.resident", "Resident": "hetflow.resident",
 }
 
 __all__ = sorted(set(_LAZY) | {
