@@ -105,6 +105,7 @@ class _Task:
     delivered: bool = False
     requeues: int = 0
     launched: float = float("nan")
+    delivered_error: Optional[BaseException] = None
 
 
 class PoolExecutor(HetflowExecutor):
@@ -673,8 +674,14 @@ class PoolExecutor(HetflowExecutor):
         return now - slot.last_seen < self.lost_after_s
 
     def _lost(self, slot_ids: List[int], why: str, blame: Optional[int] = None,
-              world_exited: bool = False) -> None:
-        """Slots are gone: settle their tasks (fail or re-queue) and start replacements."""
+              world_exited: bool = False, launch: bool = True) -> List[int]:
+        """Slots are gone: settle their tasks (fail or re-queue) and start replacements.
+
+        Returns every slot lost (with the peers stopped on the way); ``launch``
+        starts one replacement world for all of them.
+        """
+        slot_ids = list(slot_ids)
+        failed = []   # delivered last, so the replacement is already under way (and told)
         by_task: Dict[int, List[int]] = {}
         worlds = set()
         for slot_id in slot_ids:
@@ -714,7 +721,8 @@ class PoolExecutor(HetflowExecutor):
                 task.future.hetflow_state = SCHEDULING
                 self._sched.push_front(task, task.resources.ranks)
                 if others:
-                    self._lost(others, f"peers of re-queued task {task.id}", blame=task.id)
+                    slot_ids += self._lost(others, f"peers of re-queued task {task.id}",
+                                           blame=task.id, launch=False)
                 continue
             # The task killed its rank (or the rank died under it): fail it, stop its peers.
             peers = [s for s in task.slots if self._slots[s].alive and self._slots[s].task == task.id]
@@ -737,15 +745,20 @@ class PoolExecutor(HetflowExecutor):
                 error.args = (error.args[0] + f"; lost {desc}; the pool replaces the lost "
                               "rank(s)",)
             self._event(f"task {task.id}: {desc} died ({why}); task failed, rank(s) replaced")
-            self._finish(task, error=error)
+            task.delivered_error = error
+            failed.append(task)
             if peers:
-                self._lost(peers, f"peers of failed task {task.id}", blame=task.id)
+                slot_ids += self._lost(peers, f"peers of failed task {task.id}", blame=task.id,
+                                       launch=False)
         replace = len(slot_ids)
-        if replace and not self._stopping and not self._consolidating:
+        if launch and replace and not self._stopping and not self._consolidating:
             cores = [self._slots[s].core for s in slot_ids if self._slots[s].core is not None]
             world = self._launch_world(replace, cores=cores)
             self._event(f"{replace} rank(s) lost ({why}): started replacement world {world.id} "
                         f"of {replace} rank(s)")
+        for task in failed:
+            self._finish(task, error=task.delivered_error)
+        return slot_ids
 
     # ------------------------------------------------------------------ shutdown
     def _fail_all(self, error: BaseException) -> None:
