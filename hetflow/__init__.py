@@ -28,9 +28,13 @@ __all__ = sorted(set(_LAZY) | {
 
 def __getattr__(name):
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
+        module = importlib.import_module(_LAZY[name])
+        # Importing a submodule named like one of its functions (hetflow.runtime) rebinds the
+        # package attribute to the module: bind every name that module provides, now.
+        for other, where in _LAZY.items():
+            if where == _LAZY[name]:
+                globals()[other] = getattr(module, other)
+        return globals()[name]
     raise AttributeError(f"module 'hetflow' has no attribute {name!r}")
 
 
