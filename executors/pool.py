@@ -635,6 +635,12 @@ class PoolExecutor(HetflowExecutor):
     def _check_health(self) -> None:
         now = time.monotonic()
         for world in list(self._worlds.values()):
+            if (len(world.slot_ids) < world.size and world.proc.poll() is None
+                    and now - world.started > self.start_timeout):
+                self._event(f"world {world.id} did not register its {world.size} rank(s) within "
+                            f"{self.start_timeout} s; stopped it:\n{tail(world.stderr)}")
+                kill_tree(world.proc.pid)
+                world.proc.wait()
             exited = world.proc.poll() is not None
             if exited and len(world.slot_ids) < world.size and not world.retiring:
                 missing = world.size - len(world.slot_ids)

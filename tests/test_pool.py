@@ -234,6 +234,22 @@ def test_resident_table_stays_on_its_ranks_between_tasks():
             sort_part.options(ranks=3)(handle).result(timeout=30)
 
 
+def test_resident_data_on_lost_ranks_fails_clearly():
+    with pool() as executor:
+        handle = make_part(10).result(timeout=30)
+        pid = executor._slots[handle.slots[1]].pid
+        os.kill(pid, signal.SIGKILL)                       # the rank holding part 1 dies
+        deadline = time.time() + 30
+        while not any("replacement world" in e for e in executor.events):
+            assert time.time() < deadline, executor.events
+            time.sleep(0.05)
+        executor.remember()
+        with pytest.raises(hetflow.TaskLost, match="resident data"):
+            sort_part(handle).result(timeout=30)
+        assert [g[1] for g in sort_part(make_part(10).result(timeout=30)).result(timeout=30)] == [0, 10]
+        executor.remember()
+
+
 def test_keep_outside_the_pool_is_not_supported():
     with pytest.raises(hetflow.NotSupported, match="resident_data"):
         hetflow.keep(1)
