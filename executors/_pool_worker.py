@@ -162,8 +162,11 @@ def main(argv=None) -> int:
             resident._leave_task()
         if not cache and comm is not MPI.COMM_SELF:
             comm.Free()
+        # The value is already pickled: send it as its own frame rather than pickle it again.
+        value, outcome.value = outcome.value, b""
         sock.send_multipart([b"O", task_id.to_bytes(8, "little"),
-                             pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)])
+                             pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL), value],
+                            copy=len(value) < 65536)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip MPI_Finalize: it may wait on peers that died; the launcher reaps us either way.

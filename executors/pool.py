@@ -451,7 +451,8 @@ class PoolExecutor(HetflowExecutor):
                     self._slots[slot_id].last_seen = time.monotonic()
                 self._send(identity, [b"h"])
             elif kind == b"O":
-                self._on_outcome(identity, int.from_bytes(frames[2], "little"), frames[3])
+                self._on_outcome(identity, int.from_bytes(frames[2], "little"), frames[3],
+                                 frames[4])
             elif kind == b"R":
                 self._register(identity, pickle.loads(frames[2]))
 
@@ -525,7 +526,7 @@ class PoolExecutor(HetflowExecutor):
             slot.task = task.id
             self._send(slot.identity, [b"T", header, task.payload], copy=copy)
 
-    def _on_outcome(self, identity: bytes, task_id: int, data: bytes) -> None:
+    def _on_outcome(self, identity: bytes, task_id: int, data: bytes, value: bytes) -> None:
         slot_id = self._by_identity.get(identity)
         if slot_id is None:
             return
@@ -540,6 +541,7 @@ class PoolExecutor(HetflowExecutor):
             self._try_finish_consolidation()
             return
         outcome = pickle.loads(data)
+        outcome.value = value
         outcome.rank = task.slots.index(slot_id)
         task.outcomes[outcome.rank] = outcome
         if len(task.outcomes) == len(task.slots):
