@@ -155,7 +155,7 @@ def main(argv=None) -> int:
             if cache:
                 comms[ranks] = comm
         os.environ["OMP_NUM_THREADS"] = str(cores_per_rank)
-        resident._enter_task(task_id, slots, slots[ranks.index(rank)])
+        resident._enter_task(task_id, slots, slots[ranks.index(rank)], comm)
         try:
             outcome = run_on_rank(frames[2].buffer, comm)
         finally:

@@ -291,3 +291,36 @@ def test_gpus_beyond_the_binding_are_unavailable():
     with pool(max_ranks=2) as executor:
         with pytest.raises(hetflow.ResourcesUnavailable, match="GPU"):
             who.options(gpus_per_rank=1)().result(timeout=30)
+
+
+# ----------------------------------------------------------------------------- engine pipeline
+@hetflow.mpi_app(ranks=2)
+def join_and_keep(comm, rows):
+    from hetflow import frame
+
+    left = frame.generate(comm, rows, seed=1)
+    right = frame.generate(comm, rows, seed=2)
+    joined = frame.join(left, right, on="key")
+    return (hetflow.keep(joined), joined.num_rows())
+
+
+@hetflow.mpi_app(ranks=2)
+def sort_resident(comm, joined):
+    from hetflow import frame
+
+    ordered = frame.sort(joined, "key")
+    keys = ordered.local.column("key").to_pylist()
+    bounds = comm.allgather((min(keys), max(keys)) if keys else None)
+    bounds = [b for b in bounds if b is not None]
+    in_order = (keys == sorted(keys)
+                and all(a[1] <= b[0] for a, b in zip(bounds, bounds[1:])))
+    return ordered.num_rows(), comm.allreduce(in_order, op=__import__("mpi4py").MPI.LAND)
+
+
+def test_join_then_sort_with_the_joined_table_resident():
+    with pool() as executor:
+        handle, joined_rows = join_and_keep(2000).result(timeout=60)
+        assert joined_rows > 0
+        rows, in_order = sort_resident(handle).result(timeout=60)
+        assert rows == joined_rows and in_order
+        executor.remember()
