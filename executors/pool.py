@@ -521,10 +521,14 @@ class PoolExecutor(HetflowExecutor):
             task.deadline = time.monotonic() + task.resources.walltime
         task.future.hetflow_state = EXECUTING
         copy = len(task.payload) < 65536     # zero-copy only pays off for big payloads
+        unreachable = []
         for slot_id in slots:
             slot = self._slots[slot_id]
             slot.task = task.id
-            self._send(slot.identity, [b"T", header, task.payload], copy=copy)
+            if not self._send(slot.identity, [b"T", header, task.payload], copy=copy):
+                unreachable.append(slot_id)
+        if unreachable:   # the rank vanished since it last spoke: same as a death under the task
+            self._lost(unreachable, "rank unreachable when the task was sent")
 
     def _on_outcome(self, identity: bytes, task_id: int, data: bytes, value: bytes) -> None:
         slot_id = self._by_identity.get(identity)
