@@ -358,7 +358,7 @@ class PoolExecutor(HetflowExecutor):
                 slot.alive = False
             self._sched.remove_slot(slot_id)
         try:
-            world.proc.wait(timeout=2)
+            world.proc.wait(timeout=0.5)     # the broker must not stall: then kill what is left
         except subprocess.TimeoutExpired:
             pass
         kill_tree(world.proc.pid)
@@ -528,7 +528,7 @@ class PoolExecutor(HetflowExecutor):
             if not self._send(slot.identity, [b"T", header, task.payload], copy=copy):
                 unreachable.append(slot_id)
         if unreachable:   # the rank vanished since it last spoke: same as a death under the task
-            self._lost(unreachable, "rank unreachable when the task was sent")
+            self._lost(unreachable, "rank unreachable when the task was sent", collateral=True)
 
     def _on_outcome(self, identity: bytes, task_id: int, data: bytes, value: bytes) -> None:
         slot_id = self._by_identity.get(identity)
@@ -666,7 +666,7 @@ class PoolExecutor(HetflowExecutor):
                     dead.append(slot_id)
             if dead:
                 self._lost(dead, f"world {world.id} exited (code {world.proc.returncode})"
-                           if exited else "rank process died", world_exited=exited)
+                           if exited else "rank process died", collateral=exited)
             if exited and all(not self._slots[s].alive for s in world.slot_ids.values()):
                 kill_tree(world.proc.pid)
                 for slot_id in world.slot_ids.values():
@@ -686,7 +686,7 @@ class PoolExecutor(HetflowExecutor):
         return now - slot.last_seen < self.lost_after_s
 
     def _lost(self, slot_ids: List[int], why: str, blame: Optional[int] = None,
-              world_exited: bool = False, launch: bool = True) -> List[int]:
+              collateral: bool = False, launch: bool = True) -> List[int]:
         """Slots are gone: settle their tasks (fail or re-queue) and start replacements.
 
         Returns every slot lost (with the peers stopped on the way); ``launch``
@@ -719,8 +719,9 @@ class PoolExecutor(HetflowExecutor):
                 wrank = self._slots[slot_id].wrank
                 if wrank in deaths_by_wrank:
                     deaths[i] = deaths_by_wrank[wrank]
-            if world_exited and not deaths and task.requeues < MAX_REQUEUES:
-                # Not this task's fault: its world went down around it. Run it again.
+            if collateral and not deaths and task.requeues < MAX_REQUEUES:
+                # Not this task's fault (its world went down around it, or its rank was gone
+                # before the task reached it): run it again.
                 others = [s for s in task.slots if self._slots[s].alive and self._slots[s].task == task.id]
                 for slot_id in others:
                     self._kill_slot(self._slots[slot_id])
