@@ -102,7 +102,7 @@ def fail(comm):
 
 # ----------------------------------------------------------------------------- tests
 def test_task_states_and_times():
-    with tempfile.TemporaryDirectory() as tmp, pool() as executor:
+    with tempfile.TemporaryDirectory() as tmp, pool():
         started, release = os.path.join(tmp, "s"), os.path.join(tmp, "r")
         from concurrent.futures import Future
         gate = Future()
@@ -135,7 +135,7 @@ def test_task_states_and_times():
 
 
 def test_backfill_is_bounded_so_big_tasks_do_not_starve():
-    with tempfile.TemporaryDirectory() as tmp, pool(max_bypass=1) as executor:
+    with tempfile.TemporaryDirectory() as tmp, pool(max_bypass=1):
         a_started, a_release = os.path.join(tmp, "a"), os.path.join(tmp, "ar")
         a = hold.options(ranks=3)(a_started, a_release)
         wait_for(a_started)
@@ -271,7 +271,7 @@ def test_hostfile_start_and_core_pinning():
             return (comm.Get_size(), sorted(os.sched_getaffinity(0)),
                     os.environ.get("CUDA_VISIBLE_DEVICES"))
 
-        with pool(hostfile=hostfile, gpus=2) as executor:
+        with pool(hostfile=hostfile, gpus=2):
             got = placement().result(timeout=60)
         cores = sorted(os.sched_getaffinity(0))
         assert [g[0] for g in got] == [4, 4, 4, 4]
@@ -288,7 +288,7 @@ def test_gpu_binding_blocks_are_disjoint():
 
 
 def test_gpus_beyond_the_binding_are_unavailable():
-    with pool(max_ranks=2) as executor:
+    with pool(max_ranks=2):
         with pytest.raises(hetflow.ResourcesUnavailable, match="GPU"):
             who.options(gpus_per_rank=1)().result(timeout=30)
 
