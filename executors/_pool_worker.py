@@ -82,9 +82,13 @@ def _control_loop(ctx, address: str, identity: bytes, real_exit, heartbeat_s: fl
     ctrl.setsockopt(zmq.LINGER, 0)
     ctrl.connect(address)
     last_ack = time.monotonic()
+    next_beat = 0.0
     while True:
-        ctrl.send(b"H")
-        if ctrl.poll(int(heartbeat_s * 1000)):
+        now = time.monotonic()
+        if now >= next_beat:          # one heartbeat per interval, however fast acks come
+            ctrl.send(b"H")
+            next_beat = now + heartbeat_s
+        if ctrl.poll(max(1, int((next_beat - now) * 1000))):
             msg = ctrl.recv()
             if msg == b"K":
                 sys.stdout.flush()
