@@ -324,3 +324,22 @@ def test_join_then_sort_with_the_joined_table_resident():
         rows, in_order = sort_resident(handle).result(timeout=60)
         assert rows == joined_rows and in_order
         executor.remember()
+
+
+def test_idle_pool_does_not_busy_wait():
+    with pool() as executor:
+        who.options(ranks=4)().result(timeout=60)
+        procs = [psutil.Process(s.pid) for s in executor._slots.values()]
+        broker = next(t for t in psutil.Process().threads()
+                      if t.id == executor._thread.native_id)
+
+        def cpu():
+            return [sum(p.cpu_times()[:2]) for p in procs]
+
+        before, broker_before = cpu(), broker.user_time + broker.system_time
+        time.sleep(2)
+        after = cpu()
+        broker = next(t for t in psutil.Process().threads() if t.id == executor._thread.native_id)
+        # CPU seconds, not wall time: an idle rank or broker blocks; 2 s of spinning is ~2 s.
+        assert all(b - a < 0.3 for a, b in zip(before, after)), list(zip(before, after))
+        assert broker.user_time + broker.system_time - broker_before < 0.3
