@@ -18,8 +18,12 @@ stopped and replaced the same way. Every such step is logged and kept in
 :attr:`PoolExecutor.events`. Tasks whose ranks died only because their whole
 world went down (not their fault) are re-queued, not failed.
 
-Multi-node: pass ``hostfile=`` (Hydra ``-f``) or ``launcher=["srun", ...]``; the
-ranks connect back to ``address`` (an interface the compute nodes reach).
+Multi-node: pass ``hostfile=`` (Hydra ``-f``; lines ``host:slots``) or a launcher
+prefix such as ``launcher=["srun", "--ntasks={ranks}", "--kill-on-bad-exit=0"]``
+inside an allocation; the ranks connect back to ``address`` (an interface the
+compute nodes reach, e.g. the head node's IP). Ranks on other hosts are watched
+through heartbeats (lost after ``lost_after_s`` of silence) and stopped through
+their control thread; ranks exit by themselves when the client disappears.
 """
 from __future__ import annotations
 
