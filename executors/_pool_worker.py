@@ -145,6 +145,9 @@ def main(argv=None) -> int:
         kind = frames[0].bytes
         if kind == b"X":
             break
+        if kind == b"D":                    # drop a kept object (hetflow.resident.release)
+            resident._drop(frames[1].bytes.decode())
+            continue
         if kind != b"T":
             continue
         task_id, ranks, slots, cache, cores_per_rank = pickle.loads(frames[1].bytes)

@@ -223,6 +223,10 @@ class PoolExecutor(HetflowExecutor):
         answer.wait(30)
         return bool(box and box[0])
 
+    def release_resident(self, handle) -> None:
+        """Drop the object behind a :class:`~hetflow.Resident` handle from its ranks."""
+        self._post(("release", handle))
+
     def check_resources(self, resources) -> None:
         if resources.ranks > self.max_ranks:
             raise ResourcesUnavailable(
@@ -435,6 +439,11 @@ class PoolExecutor(HetflowExecutor):
                 _, task_id, answer, box = command
                 box.append(self._cancel(task_id))
                 answer.set()
+            elif kind == "release":
+                for slot_id in command[1].slots:
+                    slot = self._slots.get(slot_id)
+                    if slot is not None and slot.alive:
+                        self._send(slot.identity, [b"D", command[1].key.encode()])
             elif kind == "stop":
                 self._stop_everything()
                 return True

@@ -107,9 +107,27 @@ def keep(obj: Any) -> Resident:
                     type_name=type(obj).__qualname__)
 
 
-def release(handle: Resident) -> bool:
-    """Drop a kept object on this rank (call inside a pool task); True if it was held."""
-    return _store.pop(handle.key, None) is not None
+def release(handle: Resident) -> None:
+    """Drop a kept object from the ranks holding it (call on the client, with the handle).
+
+    Kept objects otherwise live as long as their ranks; a later task given the
+    released handle fails with :class:`ResidentMissing`.
+    """
+    if not isinstance(handle, Resident):
+        raise TypeError(f"release() takes a Resident handle, got {type(handle).__name__}")
+    from parsl.dataflow.dflow import DataFlowKernelLoader
+
+    from hetflow.errors import ConfigError
+
+    for executor in DataFlowKernelLoader.dfk().executors.values():
+        if getattr(executor, "uid", None) == handle.pool:
+            executor.release_resident(handle)
+            return
+    raise ConfigError(f"{handle!r}: no loaded pool holds it (its pool has shut down?)")
+
+
+def _drop(key: str) -> None:
+    _store.pop(key, None)
 
 
 # ----------------------------------------------------------------- used by the pool worker

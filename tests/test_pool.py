@@ -232,6 +232,12 @@ def test_resident_table_stays_on_its_ranks_between_tasks():
         assert {g[3] for g in got} == pids                  # ran on the very same processes
         with pytest.raises(hetflow.ConfigError, match="resident data lives on 2 rank"):
             sort_part.options(ranks=3)(handle).result(timeout=30)
+        from hetflow.resident import release
+
+        release(handle)
+        with pytest.raises(hetflow.TaskFailed) as info:
+            sort_part(handle).result(timeout=30)
+        assert info.value.exception_type == "ResidentMissing"
 
 
 def test_resident_data_on_lost_ranks_fails_clearly():
