@@ -45,8 +45,8 @@ def _ops(engine: str, left, right):
         if right is not None:
             con.register("r", right)
         # Materialise as Arrow, as the distributed engine does: the result is a table in memory.
-        return (lambda: con.execute("SELECT * FROM l JOIN r USING (key)").fetch_arrow_table().num_rows,
-                lambda: con.execute("SELECT * FROM l ORDER BY key").fetch_arrow_table().num_rows)
+        return (lambda: con.sql("SELECT * FROM l JOIN r USING (key)").to_arrow_table().num_rows,
+                lambda: con.sql("SELECT * FROM l ORDER BY key").to_arrow_table().num_rows)
     raise ValueError(f"unknown peer engine {engine!r}; expected pyarrow, polars or duckdb")
 
 

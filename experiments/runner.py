@@ -104,17 +104,17 @@ def runtime_session(cfg: ExperimentConfig, name: str, rec: Recorder, max_ranks: 
     Yields None (after recording a row) when the runtime is not installed or
     fails to start, so the experiment moves on to the next executor.
     """
-    import hetflow
+    from hetflow.runtime import available_runtimes, runtime
 
-    if name not in hetflow.available_runtimes():
+    if name not in available_runtimes():
         rec.write(kind="skipped", experiment=cfg.name, executor=name,
                   reason=f"runtime {name!r} is not installed "
-                         f"(installed: {sorted(hetflow.available_runtimes())})")
+                         f"(installed: {sorted(available_runtimes())})")
         yield None
         return
     options = {"max_ranks": max_ranks, **cfg.executor_options.get(name, {})}
     t0 = time.perf_counter()
-    manager = hetflow.runtime(name, **options)
+    manager = runtime(name, **options)
     try:
         manager.__enter__()
     except Exception as exc:  # noqa: BLE001 - a runtime that won't start is a result too
@@ -149,9 +149,9 @@ def _task_row(cfg, executor, future, *, repeat, ranks, rows_per_rank, op, cores,
 
     report = future.result(timeout=0)
     times = hetflow.task_times(future)
-    row = dict(kind="task", experiment=cfg.name, executor=executor, op=op, ranks=ranks,
-               rows_per_rank=rows_per_rank, rows=rows_per_rank * ranks,
-               oversubscribed=ranks > cores, repeat=repeat, **report, **extra)
+    row = {**report, **dict(kind="task", experiment=cfg.name, executor=executor, op=op,
+                            ranks=ranks, rows_per_rank=rows_per_rank, rows=rows_per_rank * ranks,
+                            oversubscribed=ranks > cores, repeat=repeat, **extra)}
     if times is not None:
         row.update(total_s=times.delivered - times.submitted, function_s=times.function_s,
                    overhead_s=times.overhead_s, queue_s=times.launched - times.submitted,
@@ -256,10 +256,11 @@ def _bare_overhead(cfg, rec, progress) -> None:
                             continue
                         submitted, delivered = wall
                         function_s = report["finished"] - report["started"]
-                        rec.write(kind="task", experiment=cfg.name, executor=BARE, op=op,
+                        rec.write(**{**report, **dict(
+                                  kind="task", experiment=cfg.name, executor=BARE, op=op,
                                   ranks=ranks, rows_per_rank=rows, rows=rows * ranks,
-                                  oversubscribed=ranks > cores(), repeat=repeat, task=i,
-                                  **report, total_s=delivered - submitted, function_s=function_s,
+                                  oversubscribed=ranks > cores(), repeat=repeat, task=i)},
+                                  total_s=delivered - submitted, function_s=function_s,
                                   overhead_s=(delivered - submitted) - function_s,
                                   launch_s=report["started"] - submitted,
                                   return_s=delivered - report["finished"], queue_s=0.0)
@@ -323,7 +324,8 @@ def _makespan(cfg, rec, progress, executor, scenario, tasks, repeat, startup_s) 
               repeat=repeat, tasks=len(tasks), makespan_s=makespan, startup_s=startup_s,
               tasks_spec=[list(t) for t in tasks],
               function_sum_s=sum(r.get("function_s", 0.0) for r in rows),
-              overhead_sum_s=sum(r.get("overhead_s", 0.0) for r in rows))
+              launch_return_sum_s=sum(r.get("launch_s", 0.0) + r.get("return_s", 0.0)
+                                      for r in rows))
     progress.step(note, n=len(tasks))
 
 
@@ -374,9 +376,10 @@ def run_peers(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
                             continue
                         report.pop("engine", None)
                         report["rows"] = rows  # the configured total (the data has rows x 1)
-                        rec.write(kind="task", experiment=cfg.name, executor=engine, ranks=1,
-                                  rows_per_rank=rows, oversubscribed=False, repeat=repeat,
-                                  data_from_ranks=dump_ranks, **report)
+                        rec.write(**{**report, **dict(
+                            kind="task", experiment=cfg.name, executor=engine, ranks=1,
+                            rows_per_rank=rows, oversubscribed=False, repeat=repeat,
+                            data_from_ranks=dump_ranks)})
                         progress.step(note)
     finally:
         shutil.rmtree(root, ignore_errors=True)

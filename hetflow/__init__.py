@@ -28,8 +28,12 @@ __all__ = sorted(set(_LAZY) | {
 
 def __getattr__(name):
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        module = importlib.import_module(_LAZY[name])
+        value = getattr(module, name)
         globals()[name] = value
+        # Importing the submodule hetflow.runtime binds it over the ``runtime`` function.
+        if module.__name__ == "hetflow.runtime":
+            globals()["runtime"] = module.runtime
         return value
     raise AttributeError(f"module 'hetflow' has no attribute {name!r}")
 
