@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from mpi4py import MPI
 
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
-from hetflow.frame import _backend, _check, _exchange, _hash, _localsort
+from hetflow.frame import _backend, _check, _exchange, _hash, _localjoin, _localsort
 from hetflow.frame._table import DistributedTable
 
 log = logging.getLogger("hetflow.frame")
@@ -109,8 +109,8 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
         return _pycylon.join(left, right, lk, rk, how, suffixes)
     lt = _shuffle_local(comm, _canonical_zero(left.local, lk), lk, be)
     rt = _shuffle_local(comm, _canonical_zero(right.local, rk), rk, be)
-    out = lt.join(rt, keys=lk, right_keys=rk, join_type=_HOW[how], left_suffix=suffixes[0],
-                  right_suffix=suffixes[1], coalesce_keys=True)
+    del left, right  # the caller still holds them; we only drop our references
+    out = _localjoin.join(lt, rt, lk, rk, how, tuple(suffixes))
     return DistributedTable(comm, out, backend=be if comm.Get_size() > 1 else "cpu")
 
 
