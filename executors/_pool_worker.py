@@ -155,15 +155,18 @@ def main(argv=None) -> int:
             if cache:
                 comms[ranks] = comm
         os.environ["OMP_NUM_THREADS"] = str(cores_per_rank)
-        resident._enter_task(task_id, slots, slots[ranks.index(rank)])
+        resident._enter_task(task_id, slots, slots[ranks.index(rank)], comm)
         try:
             outcome = run_on_rank(frames[2].buffer, comm)
         finally:
             resident._leave_task()
         if not cache and comm is not MPI.COMM_SELF:
             comm.Free()
+        # The value is already pickled: send it as its own frame rather than pickle it again.
+        value, outcome.value = outcome.value, b""
         sock.send_multipart([b"O", task_id.to_bytes(8, "little"),
-                             pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)])
+                             pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL), value],
+                            copy=len(value) < 65536)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip MPI_Finalize: it may wait on peers that died; the launcher reaps us either way.

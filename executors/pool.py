@@ -105,6 +105,7 @@ class _Task:
     delivered: bool = False
     requeues: int = 0
     launched: float = float("nan")
+    delivered_error: Optional[BaseException] = None
 
 
 class PoolExecutor(HetflowExecutor):
@@ -450,7 +451,8 @@ class PoolExecutor(HetflowExecutor):
                     self._slots[slot_id].last_seen = time.monotonic()
                 self._send(identity, [b"h"])
             elif kind == b"O":
-                self._on_outcome(identity, int.from_bytes(frames[2], "little"), frames[3])
+                self._on_outcome(identity, int.from_bytes(frames[2], "little"), frames[3],
+                                 frames[4])
             elif kind == b"R":
                 self._register(identity, pickle.loads(frames[2]))
 
@@ -519,12 +521,16 @@ class PoolExecutor(HetflowExecutor):
             task.deadline = time.monotonic() + task.resources.walltime
         task.future.hetflow_state = EXECUTING
         copy = len(task.payload) < 65536     # zero-copy only pays off for big payloads
+        unreachable = []
         for slot_id in slots:
             slot = self._slots[slot_id]
             slot.task = task.id
-            self._send(slot.identity, [b"T", header, task.payload], copy=copy)
+            if not self._send(slot.identity, [b"T", header, task.payload], copy=copy):
+                unreachable.append(slot_id)
+        if unreachable:   # the rank vanished since it last spoke: same as a death under the task
+            self._lost(unreachable, "rank unreachable when the task was sent")
 
-    def _on_outcome(self, identity: bytes, task_id: int, data: bytes) -> None:
+    def _on_outcome(self, identity: bytes, task_id: int, data: bytes, value: bytes) -> None:
         slot_id = self._by_identity.get(identity)
         if slot_id is None:
             return
@@ -539,6 +545,7 @@ class PoolExecutor(HetflowExecutor):
             self._try_finish_consolidation()
             return
         outcome = pickle.loads(data)
+        outcome.value = value
         outcome.rank = task.slots.index(slot_id)
         task.outcomes[outcome.rank] = outcome
         if len(task.outcomes) == len(task.slots):
@@ -634,6 +641,12 @@ class PoolExecutor(HetflowExecutor):
     def _check_health(self) -> None:
         now = time.monotonic()
         for world in list(self._worlds.values()):
+            if (len(world.slot_ids) < world.size and world.proc.poll() is None
+                    and now - world.started > self.start_timeout):
+                self._event(f"world {world.id} did not register its {world.size} rank(s) within "
+                            f"{self.start_timeout} s; stopped it:\n{tail(world.stderr)}")
+                kill_tree(world.proc.pid)
+                world.proc.wait()
             exited = world.proc.poll() is not None
             if exited and len(world.slot_ids) < world.size and not world.retiring:
                 missing = world.size - len(world.slot_ids)
@@ -673,8 +686,14 @@ class PoolExecutor(HetflowExecutor):
         return now - slot.last_seen < self.lost_after_s
 
     def _lost(self, slot_ids: List[int], why: str, blame: Optional[int] = None,
-              world_exited: bool = False) -> None:
-        """Slots are gone: settle their tasks (fail or re-queue) and start replacements."""
+              world_exited: bool = False, launch: bool = True) -> List[int]:
+        """Slots are gone: settle their tasks (fail or re-queue) and start replacements.
+
+        Returns every slot lost (with the peers stopped on the way); ``launch``
+        starts one replacement world for all of them.
+        """
+        slot_ids = list(slot_ids)
+        failed = []   # delivered last, so the replacement is already under way (and told)
         by_task: Dict[int, List[int]] = {}
         worlds = set()
         for slot_id in slot_ids:
@@ -714,7 +733,8 @@ class PoolExecutor(HetflowExecutor):
                 task.future.hetflow_state = SCHEDULING
                 self._sched.push_front(task, task.resources.ranks)
                 if others:
-                    self._lost(others, f"peers of re-queued task {task.id}", blame=task.id)
+                    slot_ids += self._lost(others, f"peers of re-queued task {task.id}",
+                                           blame=task.id, launch=False)
                 continue
             # The task killed its rank (or the rank died under it): fail it, stop its peers.
             peers = [s for s in task.slots if self._slots[s].alive and self._slots[s].task == task.id]
@@ -737,15 +757,20 @@ class PoolExecutor(HetflowExecutor):
                 error.args = (error.args[0] + f"; lost {desc}; the pool replaces the lost "
                               "rank(s)",)
             self._event(f"task {task.id}: {desc} died ({why}); task failed, rank(s) replaced")
-            self._finish(task, error=error)
+            task.delivered_error = error
+            failed.append(task)
             if peers:
-                self._lost(peers, f"peers of failed task {task.id}", blame=task.id)
+                slot_ids += self._lost(peers, f"peers of failed task {task.id}", blame=task.id,
+                                       launch=False)
         replace = len(slot_ids)
-        if replace and not self._stopping and not self._consolidating:
+        if launch and replace and not self._stopping and not self._consolidating:
             cores = [self._slots[s].core for s in slot_ids if self._slots[s].core is not None]
             world = self._launch_world(replace, cores=cores)
             self._event(f"{replace} rank(s) lost ({why}): started replacement world {world.id} "
                         f"of {replace} rank(s)")
+        for task in failed:
+            self._finish(task, error=task.delivered_error)
+        return slot_ids
 
     # ------------------------------------------------------------------ shutdown
     def _fail_all(self, error: BaseException) -> None:

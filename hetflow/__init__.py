@@ -29,12 +29,12 @@ __all__ = sorted(set(_LAZY) | {
 def __getattr__(name):
     if name in _LAZY:
         module = importlib.import_module(_LAZY[name])
-        value = getattr(module, name)
-        globals()[name] = value
-        # Importing the submodule hetflow.runtime binds it over the ``runtime`` function.
-        if module.__name__ == "hetflow.runtime":
-            globals()["runtime"] = module.runtime
-        return value
+        # Importing a submodule named like one of its functions (hetflow.runtime) rebinds the
+        # package attribute to the module: bind every name that module provides, now.
+        for other, where in _LAZY.items():
+            if where == _LAZY[name]:
+                globals()[other] = getattr(module, other)
+        return globals()[name]
     raise AttributeError(f"module 'hetflow' has no attribute {name!r}")
 
 

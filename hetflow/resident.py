@@ -7,6 +7,10 @@ very same ranks (same rank order), where the handle unpickles into the live
 object again: nothing travels through the client. Every rank of the task calls
 ``keep`` (collectively, in the same order), so every rank keeps its own part.
 
+An object bound to a communicator (an mpi4py ``comm`` attribute, like
+``frame.DistributedTable``) reaches the later task rebound to that task's
+communicator over the same ranks: the communicator it was made on ended with its task.
+
 Outside the pool (other runtimes, or plain Python) ``keep`` raises
 :class:`~hetflow.NotSupported`: only a persistent pool has ranks that outlive a task.
 """
@@ -61,11 +65,27 @@ def _resolve(key: str, pool: str, slots, type_name: str = ""):
     if _pool_uid is None or task is None:
         return handle          # the client, or a rank outside a task: keep the handle
     if key in _store:
-        return _store[key]
+        return _rebind(_store[key], task.get("comm"))
     raise ResidentMissing(
         f"resident object {key!r} ({type_name or 'object'}) lives on pool slots {list(slots)}, "
         f"but this rank is pool slot {task['slot']} (task on slots {list(task['slots'])}): "
         "a task consuming resident data must run on the ranks that made it")
+
+
+def _rebind(obj: Any, comm):
+    """``obj`` itself, or a shallow copy on ``comm`` if it holds an MPI communicator."""
+    held = getattr(obj, "comm", None)
+    if comm is None or held is None or held is comm:
+        return obj
+    from mpi4py import MPI
+
+    if not isinstance(held, MPI.Comm):
+        return obj
+    import copy
+
+    rebound = copy.copy(obj)
+    rebound.comm = comm
+    return rebound
 
 
 def keep(obj: Any) -> Resident:
@@ -98,8 +118,9 @@ def _set_pool(uid: str) -> None:
     _pool_uid = uid
 
 
-def _enter_task(task_id: int, slots, slot: int) -> None:
-    _local.task = {"task_id": task_id, "slots": tuple(slots), "slot": slot, "kept": 0}
+def _enter_task(task_id: int, slots, slot: int, comm=None) -> None:
+    _local.task = {"task_id": task_id, "slots": tuple(slots), "slot": slot, "kept": 0,
+                   "comm": comm}
 
 
 def _leave_task() -> None:
