@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 import time
 from typing import List, Optional
@@ -23,6 +24,10 @@ ORDER = ("weak", "strong", "overhead", "pilot", "peers")
 
 def _split(text: Optional[str]) -> Optional[List[str]]:
     return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def build_parser(prog: str = "hetflow bench") -> argparse.ArgumentParser:
@@ -87,8 +92,17 @@ def main(argv: Optional[List[str]] = None, prog: str = "hetflow bench") -> int:
     rec = Recorder(results)
     command = [prog.split()[0]] + prog.split()[1:] + argv
     t0 = time.perf_counter()
-    for cfg in cfgs:
-        run_experiment(cfg, rec, argv=[shlex.quote(a) for a in command])
+    # SIGTERM unwinds like Ctrl-C, so every started runtime shuts down and no launcher,
+    # pilot or pool rank outlives the command.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        for cfg in cfgs:
+            run_experiment(cfg, rec, argv=[shlex.quote(a) for a in command])
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; results so far: {results}", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     report = write_report(results, out, plots=not args.no_plots)
     print(f"{len(cfgs)} experiment(s) in {time.perf_counter() - t0:.0f} s; results: {results}; "
           f"report: {report}")

@@ -325,6 +325,9 @@ def _plot_scaling(tasks, execs, out_dir, stem, strong) -> List[str]:
             for x in over:
                 ax.axvspan(x - 0.3, x + 0.3, color="0.9", zorder=0)
             ax.set_xscale("log", base=2)
+            ticks = sorted({r["ranks"] for r in tasks})
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.minorticks_off()
             ax.set_xlabel("ranks" + (" (shaded: oversubscribed)" if over else ""))
             ax.set_ylabel(label)
             ax.set_title(f"{'strong' if strong else 'weak'} scaling: {op}")
@@ -341,16 +344,19 @@ def _plot_overhead(tasks, execs, out_dir, stem) -> List[str]:
     sizes = sorted({(r["op"], r["rows_per_rank"], r["ranks"]) for r in tasks})
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes), 4), squeeze=False)
     for ax, (op, per_rank, ranks) in zip(axes[0], sizes):
-        names, fn, ov = [], [], []
+        names, setup, work, ov = [], [], [], []
         for executor in execs:
             grp = [r for r in tasks if r["executor"] == executor and r["op"] == op
                    and r["rows_per_rank"] == per_rank and r["ranks"] == ranks]
             if grp and _values(grp, "function_s") and _values(grp, "overhead_s"):
                 names.append(executor)
-                fn.append(median(grp, "function_s"))
+                fn = median(grp, "function_s")
+                setup.append(min(fn, median(grp, "setup_s") or 0.0))
+                work.append(fn - setup[-1])
                 ov.append(median(grp, "overhead_s"))
-        ax.bar(names, fn, label="function")
-        ax.bar(names, ov, bottom=fn, label="runtime overhead")
+        ax.bar(names, work, label="function: data + op")
+        ax.bar(names, setup, bottom=work, label="function: engine set-up")
+        ax.bar(names, ov, bottom=[a + b for a, b in zip(work, setup)], label="runtime overhead")
         ax.set_title(f"{op}, {ranks} ranks × {per_rank:,} rows")
         ax.set_ylabel("seconds (median)")
         ax.tick_params(axis="x", rotation=30)
