@@ -64,14 +64,16 @@ class Progress:
         self.total = max(total, 1)
         self.done = 0
         self.errors = 0
+        self.skipped = 0
         self.stream = stream or sys.stderr
         self.tty = getattr(self.stream, "isatty", lambda: False)()
         self.t0 = time.perf_counter()
         self.note = ""
 
-    def step(self, note: str = "", n: int = 1, error: bool = False) -> None:
+    def step(self, note: str = "", n: int = 1, error: bool = False, skipped: bool = False) -> None:
         self.done = min(self.total, self.done + n)
         self.errors += int(error)
+        self.skipped += n if skipped else 0
         self.note = note
         if self.tty:
             self.stream.write("\r\033[K" + self._line())
@@ -82,6 +84,7 @@ class Progress:
         filled = int(width * self.done / self.total)
         bar = "#" * filled + "." * (width - filled)
         errors = f", {self.errors} error(s)" if self.errors else ""
+        errors += f", {self.skipped} not run" if self.skipped else ""
         return (f"[{self.experiment}] {bar} {self.done}/{self.total} "
                 f"{time.perf_counter() - self.t0:6.1f}s{errors}  {self.note}")
 
@@ -193,7 +196,7 @@ def run_scaling(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> Non
     for executor in _executors(cfg):
         with runtime_session(cfg, executor, rec, max(max(cfg.ranks), cores())) as session:
             if session is None:
-                progress.step(f"{executor}: not run", n=_scaling_tasks(cfg), error=True)
+                progress.step(f"{executor}: not run", n=_scaling_tasks(cfg), skipped=True)
                 continue
             for repeat in range(cfg.repeats):
                 for rows in cfg.rows:
@@ -216,7 +219,7 @@ def run_overhead(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> No
             continue
         with runtime_session(cfg, executor, rec, max(max(cfg.ranks), cores())) as session:
             if session is None:
-                progress.step(f"{executor}: not run", n=_overhead_tasks(cfg), error=True)
+                progress.step(f"{executor}: not run", n=_overhead_tasks(cfg), skipped=True)
                 continue
             for repeat in range(cfg.repeats):
                 for rows in cfg.rows:
@@ -290,7 +293,7 @@ def run_pilot(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
     for executor in _executors(cfg):
         with runtime_session(cfg, executor, rec, cores()) as session:
             if session is None:
-                progress.step(f"{executor}: not run", n=_pilot_tasks(cfg), error=True)
+                progress.step(f"{executor}: not run", n=_pilot_tasks(cfg), skipped=True)
                 continue
             for repeat in range(cfg.repeats):
                 for scenario, tasks in (("pair", pair), ("campaign", campaign)):
@@ -340,7 +343,7 @@ def run_peers(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
                 if session is None:
                     progress.step(f"{executor}: not run",
                                   n=cfg.repeats * len(cfg.rows) * len(cfg.ranks) * len(cfg.ops),
-                                  error=True)
+                                  skipped=True)
                     continue
                 for repeat in range(cfg.repeats):
                     for rows in cfg.rows:
