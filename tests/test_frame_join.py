@@ -74,5 +74,6 @@ mpiutil.report({"failures": failures, "checked": checked})
 def test_join_matches_polars(ranks):
     run = run_mpi(SCRIPT, ranks, timeout=240)
     reports = run.values(ranks)
+    assert "Warning" not in run.stderr, run.stderr
     assert reports[0]["checked"] == 4 * 4 * 13
     assert reports[0]["failures"] == [], "\n".join(reports[0]["failures"][:10])

@@ -157,7 +157,9 @@ mpiutil.report({"failures": failures, "checked": checked})
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_ops_match_polars(ranks, tmp_path):
-    reports = run_mpi(SCRIPT, ranks, timeout=240, args=[tmp_path]).values(ranks)
+    run = run_mpi(SCRIPT, ranks, timeout=240, args=[tmp_path])
+    reports = run.values(ranks)
+    assert "Warning" not in run.stderr, run.stderr
     for r in reports:
         assert r["failures"] == [], "\n".join(r["failures"][:10])
     assert reports[0]["checked"] == 3 * 6 + 2 + 3

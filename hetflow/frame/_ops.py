@@ -266,8 +266,7 @@ def _compare_keys(a, b, asc: Sequence[bool]) -> int:
 
 def _sort_general(comm, table: pa.Table, names: List[str], asc: List[bool]) -> pa.Table:
     size, rank = comm.Get_size(), comm.Get_rank()
-    sort_keys = [(n, "ascending" if a else "descending") for n, a in zip(names, asc)]
-    order = pc.sort_indices(table, sort_keys=sort_keys, null_placement="at_end")
+    order = _sort_indices(table, names, asc)
     if size == 1:
         return table.take(order)
     keys = table.select(names).take(order).combine_chunks()
@@ -303,7 +302,20 @@ def _sort_general(comm, table: pa.Table, names: List[str], asc: List[bool]) -> p
     del keys, cols
     order_np = order.to_numpy()
     parts = _exchange.exchange_rows(comm, table, order_np, bounds)
-    return parts.take(pc.sort_indices(parts, sort_keys=sort_keys, null_placement="at_end"))
+    return parts.take(_sort_indices(parts, names, asc))
+
+
+_PER_KEY_NULLS = int(pa.__version__.split(".")[0]) >= 25
+
+
+def _sort_indices(table: pa.Table, names: List[str], asc: List[bool]) -> pa.Array:
+    """Arrow's stable sort indices, nulls at the end of every key (pyarrow >= 25 takes the
+    null placement per key and deprecates the global option)."""
+    if _PER_KEY_NULLS:
+        keys = [(n, "ascending" if a else "descending", "at_end") for n, a in zip(names, asc)]
+        return pc.sort_indices(table, sort_keys=keys)
+    keys = [(n, "ascending" if a else "descending") for n, a in zip(names, asc)]
+    return pc.sort_indices(table, sort_keys=keys, null_placement="at_end")
 
 
 # -- groupby / unique -------------------------------------------------------------------------
