@@ -53,24 +53,26 @@ def worker(args) -> None:
         tables.append(frame.generate(comm, per_rank, unique=args.unique, seed=SEEDS["right"]))
     part_mib = sum(t.local.nbytes for t in tables) / 2**20
     data_rss = _rss_mib()
-    times, rows, backend = [], 0, ""
+    times, cpu, rows, backend = [], [], 0, ""
     for _ in range(args.repeats):
         comm.Barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if args.op == "join":
             out = frame.join(left, tables[1], on="key")
         else:
             out = frame.sort(left, "key")
+        cpu.append(time.process_time() - c0)
         comm.Barrier()
         times.append(time.perf_counter() - t0)
         rows, backend = out.num_rows(), out.backend
         del out
     slowest = [max(ts) for ts in zip(*comm.allgather(times))]
+    cpu_all = [sum(cs) for cs in zip(*comm.allgather(cpu))]  # CPU seconds of all ranks
     mem = comm.gather({"rank": rank, "base_rss_mib": base_rss, "data_rss_mib": data_rss,
                        "peak_rss_mib": _peak_rss_mib(), "partition_mib": part_mib})
     if rank == 0:
         with open(args.out, "w") as fh:
-            json.dump({"times": slowest, "rows_out": rows, "memory": mem, "backend": backend,
+            json.dump({"times": slowest, "cpu": cpu_all, "rows_out": rows, "memory": mem, "backend": backend,
                        "ranks": size}, fh)
 
 
@@ -87,14 +89,15 @@ def _tables(rows: int, ranks: int, unique: float):
 
 
 def _time(fn, repeats):
-    times, out = [], None
+    times, cpu, out = [], [], None
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         n = out.num_rows if hasattr(out, "num_rows") else len(out)
         del out
-    return times, n
+    return times, n, cpu
 
 
 def _duckdb_arrow(con, sql: str):
@@ -172,20 +175,27 @@ def main(argv=None) -> int:
     rows = []
     for op in ("join", "sort"):
         polars_med = statistics.median(peer[(op, "polars")][0])
+        polars_min = min(peer[(op, "polars")][0])
+        polars_cpu = statistics.median(peer[(op, "polars")][2])
         entries = [(f"hetflow {args.ranks} ranks ({het[op]['backend']})", het[op]["times"],
-                    het[op]["rows_out"])]
+                    het[op]["rows_out"], het[op]["cpu"])]
         entries += [(f"{name} (1 process)", *peer[(op, name)])
                     for name in ("polars", "pyarrow", "duckdb")]
-        for name, times, n in entries:
-            med = statistics.median(times)
+        for name, times, n, cpu in entries:
+            med, cmed = statistics.median(times), statistics.median(cpu)
             rows.append({"op": op, "engine": name, "median_s": med, "min_s": min(times),
-                         "rows_out": n, "vs_polars": med / polars_med})
+                         "rows_out": n, "vs_polars": med / polars_med,
+                         "min_vs_polars": min(times) / polars_min, "cpu_s": cmed,
+                         "cpu_vs_polars": cmed / polars_cpu})
     print()
     print(f"{'op':<5} {'engine':<28} {'median s':>9} {'min s':>8} {'rows out':>11} "
-          f"{'x polars':>9}")
+          f"{'x polars':>9} {'min x':>6} {'cpu s':>7} {'cpu x':>6}")
     for r in rows:
         print(f"{r['op']:<5} {r['engine']:<28} {r['median_s']:>9.3f} {r['min_s']:>8.3f} "
-              f"{r['rows_out']:>11,} {r['vs_polars']:>9.2f}")
+              f"{r['rows_out']:>11,} {r['vs_polars']:>9.2f} {r['min_vs_polars']:>6.2f} "
+              f"{r['cpu_s']:>7.3f} {r['cpu_vs_polars']:>6.2f}")
+    print("x polars: median wall time / polars' median; min x: best / polars' best; cpu s: CPU "
+          "seconds of all ranks or threads (median), a measure of work that load does not inflate")
     print()
     print("peak memory per rank (input partition = the rank's share of the tables the op reads)")
     print(f"{'op':<5} {'rank':>4} {'partition MiB':>14} {'base RSS':>9} {'peak RSS':>9} "

@@ -68,14 +68,25 @@ def _match(a: np.ndarray, b: np.ndarray, how: str):
     return _match_sorted(a, b, how)
 
 
+def _index_type(*sizes: int):
+    """int32 row indices while they fit: half the memory of int64 for every index array."""
+    return np.int32 if max(sizes, default=0) < 2**31 - 1 else np.int64
+
+
 def _expand(row_count: np.ndarray, row_first: np.ndarray, right_order: np.ndarray):
     """Left row i pairs with right_order[row_first[i] : row_first[i] + row_count[i]]."""
-    total = int(row_count.sum())
-    left_rows = np.repeat(np.arange(len(row_count), dtype=np.int64), row_count)
-    out_start = np.cumsum(row_count) - row_count
-    right_pos = np.repeat(row_first - out_start, row_count)
-    right_pos += np.arange(total, dtype=np.int64)
-    return left_rows, right_order[right_pos]
+    total = int(row_count.sum(dtype=np.int64))
+    it = _index_type(total, len(row_count), len(right_order))
+    left_rows = np.repeat(np.arange(len(row_count), dtype=it), row_count)
+    out_start = np.cumsum(row_count, dtype=np.int64)
+    out_start -= row_count
+    shift = (row_first - out_start).astype(it)
+    del out_start
+    right_pos = np.repeat(shift, row_count)
+    del shift
+    right_pos += np.arange(total, dtype=it)
+    right_rows = right_order[right_pos]
+    return left_rows, right_rows
 
 
 def _match_dense(a: np.ndarray, b: np.ndarray, how: str):
@@ -83,24 +94,35 @@ def _match_dense(a: np.ndarray, b: np.ndarray, how: str):
     table over the right keys' range replaces sorting the left side and binary search."""
     lo, hi = b.min(), b.max()
     span = int(hi - lo) + 1
-    bo = _localsort.radix_argsort(b)
-    bk = (b - lo).astype(np.int64)
-    counts = np.bincount(bk, minlength=span)
-    first = np.cumsum(counts) - counts
-    inside = (a >= lo) & (a <= hi)
-    ak = np.where(inside, a - lo, 0).astype(np.int64)
-    row_count = np.where(inside, counts[ak], 0)
-    left_rows, right_rows = _expand(row_count, first[ak], bo)
+    it = _index_type(span, len(a), len(b))
+    bk = (b - lo).astype(it)
+    bo = _localsort.radix_argsort(bk.view(np.uint32 if it is np.int32 else np.uint64)
+                                  ).astype(it)
+    counts64 = np.bincount(bk, minlength=span)
+    first = np.zeros(span, it)
+    np.cumsum(counts64[:-1], out=first[1:])
+    counts = counts64.astype(it)
+    del counts64
+    ak = a - lo  # keys below lo wrap around to huge values: outside
+    inside = ak <= np.uint64(span - 1)
+    ak = np.where(inside, ak, np.uint64(0)).astype(it)
+    row_count = counts[ak]
+    row_count[~inside] = 0
+    del counts
+    row_first = first[ak]
+    del first
+    left_rows, right_rows = _expand(row_count, row_first, bo)
+    del row_first, bo
     parts_l, parts_r = [left_rows], [right_rows]
     if how in ("left", "outer", "full"):
-        lonely = np.flatnonzero(row_count == 0)
+        lonely = np.flatnonzero(row_count == 0).astype(left_rows.dtype)
         parts_l.append(lonely)
-        parts_r.append(np.full(len(lonely), -1, np.int64))
+        parts_r.append(np.full(len(lonely), -1, right_rows.dtype))
     if how in ("right", "outer", "full"):
         seen = np.zeros(span, bool)
         seen[ak[inside]] = True
-        lonely = np.flatnonzero(~seen[bk])
-        parts_l.append(np.full(len(lonely), -1, np.int64))
+        lonely = np.flatnonzero(~seen[bk]).astype(right_rows.dtype)
+        parts_l.append(np.full(len(lonely), -1, left_rows.dtype))
         parts_r.append(lonely)
     if len(parts_l) == 1:
         return left_rows, right_rows

@@ -116,6 +116,7 @@ def generate(comm, rows_per_rank: int, *, unique: float = 0.9, seed: Optional[in
     columns = list(columns)
     if not columns or len(set(columns)) != len(columns):
         raise ConfigError(f"columns must be distinct names, got {columns!r}")
+    _backend.configure_threads(comm)  # before the data exists, so its temporaries are freed
     return DistributedTable(comm, synthetic_partition(comm.Get_rank(), comm.Get_size(),
                                                       rows_per_rank, unique=unique, seed=seed,
                                                       columns=columns))
