@@ -34,6 +34,14 @@ def main(argv=None) -> int:
     d = sub.add_parser("demo", help="run the embedded default job under bare mpirun")
     d.add_argument("--ranks", type=int, default=2)
     d.add_argument("--rows", type=int, default=100_000)
+    sub.add_parser("bench", add_help=False,
+                   help="run the paper's experiments and write reports (hetflow bench --help)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        # The experiments package owns its flags; hand it the rest untouched.
+        from experiments.cli import main as bench_main
+
+        return bench_main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args.ranks, args.rows)

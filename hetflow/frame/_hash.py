@@ -140,7 +140,8 @@ def hash_rows(xp, table: pa.Table, keys: Sequence[str]):
 
 
 def partition_of(xp, table: pa.Table, keys: Sequence[str], parts: int) -> np.ndarray:
-    """Destination partition (0..parts-1) of each row, as a host int64 array."""
+    """Destination partition (0..parts-1) of each row, as a small host integer array."""
     h = hash_rows(xp, table, keys)
-    dest = h % np.uint64(parts)
+    dest = (h % np.uint64(parts)).astype(np.uint16 if parts <= 2**16 else np.int64)
+    del h
     return dest if xp is np else xp.asnumpy(dest)

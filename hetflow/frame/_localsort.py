@@ -55,25 +55,37 @@ def _to_numpy(arr) -> np.ndarray:
 
 
 def radix_argsort(key: np.ndarray) -> np.ndarray:
-    """Stable argsort of a uint64 array (int64 indices)."""
+    """Stable argsort of an unsigned-integer array (int32 indices below 2**31 rows, else int64).
+
+    Temporaries are kept narrow (32-bit keys and indices where they fit): peak memory matters
+    as much as speed when the table nearly fills a rank's share of the node.
+    """
     n = len(key)
+    it = np.int32 if n < 2**31 - 1 else np.int64
     if n <= 1:
-        return np.arange(n, dtype=np.int64)
+        return np.arange(n, dtype=it)
     lo = key.min()
-    span = int(key.max() - lo)
+    span = int(key.max()) - int(lo)
     if span == 0:
-        return np.arange(n, dtype=np.int64)
-    shifted = key - lo if lo else key
+        return np.arange(n, dtype=it)
     passes = (span.bit_length() + 15) // 16
     if passes > 2 and n < 1 << 16:
-        return np.argsort(key, kind="stable")
+        return np.argsort(key, kind="stable").astype(it)
+    if passes <= 2 and key.dtype.itemsize > 4:
+        shifted = np.empty(n, np.uint32)  # subtract straight into 32 bits: no 64-bit temporary
+        np.subtract(key, lo, out=shifted, casting="unsafe")
+    else:
+        shifted = key - lo if lo else key
     order = None
     for p in range(passes):
-        digit = ((shifted >> np.uint64(16 * p)) & np.uint64(0xFFFF)).astype(np.uint16)
+        digit = ((shifted >> (16 * p)) & 0xFFFF).astype(np.uint16)
         if order is None:
-            order = np.argsort(digit, kind="stable")
+            order = np.argsort(digit, kind="stable").astype(it)
         else:
-            order = order[np.argsort(digit[order], kind="stable")]
+            step = np.argsort(digit[order], kind="stable")
+            order = order[step]
+            del step
+        del digit
     return order
 
 

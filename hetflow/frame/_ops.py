@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from mpi4py import MPI
 
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
-from hetflow.frame import _backend, _check, _exchange, _hash, _localsort
+from hetflow.frame import _backend, _check, _exchange, _hash, _localjoin, _localsort
 from hetflow.frame._table import DistributedTable
 
 log = logging.getLogger("hetflow.frame")
@@ -38,7 +38,7 @@ def _shuffle_local(comm, table: pa.Table, keys: Sequence[str], backend: str) -> 
     dest = _hash.partition_of(xp, table, keys, size)
     order, offsets = _exchange.split_by(dest, size)
     del dest
-    return _exchange.exchange(comm, table.schema, _exchange.take_ranges(table, order, offsets))
+    return _exchange.exchange_rows(comm, table, order, offsets)
 
 
 def shuffle(table: DistributedTable, on, *, backend: Optional[str] = None) -> DistributedTable:
@@ -109,8 +109,8 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
         return _pycylon.join(left, right, lk, rk, how, suffixes)
     lt = _shuffle_local(comm, _canonical_zero(left.local, lk), lk, be)
     rt = _shuffle_local(comm, _canonical_zero(right.local, rk), rk, be)
-    out = lt.join(rt, keys=lk, right_keys=rk, join_type=_HOW[how], left_suffix=suffixes[0],
-                  right_suffix=suffixes[1], coalesce_keys=True)
+    del left, right  # the caller still holds them; we only drop our references
+    out = _localjoin.join(lt, rt, lk, rk, how, tuple(suffixes))
     return DistributedTable(comm, out, backend=be if comm.Get_size() > 1 else "cpu")
 
 
@@ -190,23 +190,34 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
         order = _backend.to_host(xp, _localsort.argsort(xp, xp.asarray(key)))
         return table.take(pa.array(order))
     order = _backend.to_host(xp, _localsort.argsort(xp, xp.asarray(key)))
-    skey = key[order]
-    n = len(skey)
+    n = len(order)
     m = min(n, _samples_per_rank(size))
     pos = (np.arange(m, dtype=np.int64) * n) // m if m else np.zeros(0, np.int64)
-    gathered = comm.allgather((skey[pos], pos))
+    gathered = comm.allgather((key[order[pos]], pos))
     values = np.concatenate([g[0] for g in gathered]).astype(np.uint64)
     ranks = np.concatenate([np.full(len(g[1]), r, np.int64) for r, g in enumerate(gathered)])
     positions = np.concatenate([g[1] for g in gathered]).astype(np.int64)
     total = len(values)
+
+    def first_at_least(v, side_right: bool) -> int:
+        # binary search in the sorted keys key[order] without materialising them
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            k = key[order[mid]]
+            if k < v or (side_right and k == v):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     bounds = [0]
     if total:
         g = np.lexsort((positions, ranks, values))
         for j in range(1, size):
             s = g[(j * total) // size]
             v, r, q = values[s], int(ranks[s]), int(positions[s])
-            lo = int(np.searchsorted(skey, v, "left"))
-            hi = int(np.searchsorted(skey, v, "right"))
+            lo, hi = first_at_least(v, False), first_at_least(v, True)
             if rank < r:
                 b = hi
             elif rank > r:
@@ -217,15 +228,14 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
     else:
         bounds += [0] * (size - 1)
     bounds.append(n)
-    del skey
-    parts = _exchange.exchange(
-        comm, table.schema,
-        lambda d: (None if bounds[d + 1] == bounds[d]
-                   else table.take(pa.array(order[bounds[d]:bounds[d + 1]]))))
+    del key
+    parts = _exchange.exchange_rows(comm, table, order, bounds)
     del order
-    # The received runs are each sorted; one more stable pass orders them globally.
+    # The received runs are each sorted: a stable merge orders them globally. NumPy's stable
+    # sort of 64-bit keys is timsort, which finds the runs and merges them in O(n log p).
     key2 = _localsort.numeric_key(parts.column(name), descending)
-    order2 = _backend.to_host(xp, _localsort.argsort(xp, xp.asarray(key2)))
+    order2 = (np.argsort(key2, kind="stable") if xp is np
+              else _backend.to_host(xp, _localsort.argsort(xp, xp.asarray(key2))))
     del key2
     return parts.take(pa.array(order2))
 
@@ -256,8 +266,7 @@ def _compare_keys(a, b, asc: Sequence[bool]) -> int:
 
 def _sort_general(comm, table: pa.Table, names: List[str], asc: List[bool]) -> pa.Table:
     size, rank = comm.Get_size(), comm.Get_rank()
-    sort_keys = [(n, "ascending" if a else "descending") for n, a in zip(names, asc)]
-    order = pc.sort_indices(table, sort_keys=sort_keys, null_placement="at_end")
+    order = _sort_indices(table, names, asc)
     if size == 1:
         return table.take(order)
     keys = table.select(names).take(order).combine_chunks()
@@ -292,11 +301,21 @@ def _sort_general(comm, table: pa.Table, names: List[str], asc: List[bool]) -> p
     bounds.append(n)
     del keys, cols
     order_np = order.to_numpy()
-    parts = _exchange.exchange(
-        comm, table.schema,
-        lambda d: (None if bounds[d + 1] == bounds[d]
-                   else table.take(pa.array(order_np[bounds[d]:bounds[d + 1]]))))
-    return parts.take(pc.sort_indices(parts, sort_keys=sort_keys, null_placement="at_end"))
+    parts = _exchange.exchange_rows(comm, table, order_np, bounds)
+    return parts.take(_sort_indices(parts, names, asc))
+
+
+_PER_KEY_NULLS = int(pa.__version__.split(".")[0]) >= 25
+
+
+def _sort_indices(table: pa.Table, names: List[str], asc: List[bool]) -> pa.Array:
+    """Arrow's stable sort indices, nulls at the end of every key (pyarrow >= 25 takes the
+    null placement per key and deprecates the global option)."""
+    if _PER_KEY_NULLS:
+        keys = [(n, "ascending" if a else "descending", "at_end") for n, a in zip(names, asc)]
+        return pc.sort_indices(table, sort_keys=keys)
+    keys = [(n, "ascending" if a else "descending") for n, a in zip(names, asc)]
+    return pc.sort_indices(table, sort_keys=keys, null_placement="at_end")
 
 
 # -- groupby / unique -------------------------------------------------------------------------

@@ -116,9 +116,19 @@ def generate(comm, rows_per_rank: int, *, unique: float = 0.9, seed: Optional[in
     columns = list(columns)
     if not columns or len(set(columns)) != len(columns):
         raise ConfigError(f"columns must be distinct names, got {columns!r}")
-    rank, size = comm.Get_rank(), comm.Get_size()
+    _backend.configure_threads(comm)  # before the data exists, so its temporaries are freed
+    return DistributedTable(comm, synthetic_partition(comm.Get_rank(), comm.Get_size(),
+                                                      rows_per_rank, unique=unique, seed=seed,
+                                                      columns=columns))
+
+
+def synthetic_partition(rank: int, size: int, rows_per_rank: int, *, unique: float = 0.9,
+                        seed: Optional[int] = None, columns: Sequence[str] = ("key", "value")
+                        ) -> pa.Table:
+    """Rank ``rank``'s partition of :func:`generate`'s data, without a communicator (so a
+    single-process baseline can rebuild exactly the data the ranks hold)."""
     rng = np.random.default_rng(rank if seed is None else [int(seed), rank])
     high = max(1, int(unique * int(rows_per_rank) * size))
     data: Dict[str, np.ndarray] = {
         name: rng.integers(0, high, int(rows_per_rank), dtype=np.int64) for name in columns}
-    return DistributedTable(comm, pa.table(data))
+    return pa.table(data)
