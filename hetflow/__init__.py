@@ -5,8 +5,9 @@ so that MPI ranks, which only need the rank-side runner, start fast.
 """
 import importlib
 
-from hetflow.errors import (ConfigError, ExecutorBroken, HetflowError, InputError, LaunchError,
-                            NotSupported, ResourcesUnavailable, TaskCancelled, TaskFailed,
+from hetflow.errors import (BackendUnavailable, ConfigError, ExecutorBroken, HetflowError,
+                            InputError, KeyColumnError, LaunchError, NotSupported,
+                            ResourcesUnavailable, SchemaMismatch, TaskCancelled, TaskFailed,
                             TaskLost, WalltimeExceeded)
 from hetflow.spec import Resources
 
@@ -23,7 +24,7 @@ _LAZY = {
 __all__ = sorted(set(_LAZY) | {
     "Resources", "HetflowError", "ConfigError", "InputError", "ResourcesUnavailable",
     "NotSupported", "LaunchError", "TaskFailed", "TaskLost", "WalltimeExceeded", "TaskCancelled",
-    "ExecutorBroken"})
+    "ExecutorBroken", "KeyColumnError", "SchemaMismatch", "BackendUnavailable"})
 
 
 def __getattr__(name):

@@ -52,7 +52,11 @@ def read_parquet(comm, paths, *, columns=None) -> DistributedTable:
         pieces = []  # (file index, row group, rows), in file order
         schema = None
         for i, f in enumerate(files):
-            meta = pq.ParquetFile(f)
+            try:
+                meta = pq.ParquetFile(f)
+            except (OSError, pa.ArrowException) as exc:
+                raise InputError(f"read_parquet: cannot read {f!r}: "
+                                 f"{type(exc).__name__}: {exc}") from None
             file_schema = meta.schema_arrow
             if schema is None:
                 schema = file_schema
