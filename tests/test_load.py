@@ -2,8 +2,8 @@
 
 Every result must be correct, and the runtime must not leak processes, file
 descriptors or task directories (the runtime's run dir is
-the only place its executor writes; ``runtime()`` removes it on exit). ``HETFLOW_LOAD_TASKS`` sets the task count (default
-500); the count per executor is printed with its throughput.
+the only place its executor writes; ``runtime()`` removes it on exit). ``HETFLOW_LOAD_TASKS`` sets the task count
+(default: see ``DEFAULT_TASKS``); the count per executor is printed with its throughput.
 """
 import os
 import time
@@ -13,7 +13,15 @@ import pytest
 
 import hetflow
 
-TASKS = int(os.environ.get("HETFLOW_LOAD_TASKS", "500"))
+#: Tasks per executor. The persistent pool runs 500 in seconds; executors that launch
+#: processes per task (about 0.3-1.5 s each here) run 100 in CI to keep the suite short.
+#: HETFLOW_LOAD_TASKS=500 runs the full count everywhere.
+DEFAULT_TASKS = {"pool": 500}
+
+
+def _tasks(runtime_name):
+    override = os.environ.get("HETFLOW_LOAD_TASKS")
+    return int(override) if override else DEFAULT_TASKS.get(runtime_name, 100)
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -41,7 +49,8 @@ def _snapshot(run_dir):
 
 
 def test_many_mixed_tasks_lose_nothing_and_leak_nothing(runtime_name, executor):
-    sizes = [1 + (i % 3) for i in range(TASKS)]          # 1, 2, 3 ranks, interleaved
+    tasks = _tasks(runtime_name)
+    sizes = [1 + (i % 3) for i in range(tasks)]          # 1, 2, 3 ranks, interleaved
     warm = [rank_sum.options(ranks=r)(0) for r in (1, 2, 3)]
     assert [f.result() for f in warm] == [0, 1, 3]
     time.sleep(0.5)                                       # let warm-up launches wind down
@@ -51,8 +60,8 @@ def test_many_mixed_tasks_lose_nothing_and_leak_nothing(runtime_name, executor):
     futures = [rank_sum.options(ranks=r)(i) for i, r in enumerate(sizes)]
     results = [f.result(timeout=600) for f in futures]
     elapsed = time.time() - start
-    print(f"\n{runtime_name}: {TASKS} mixed tasks in {elapsed:.1f} s "
-          f"({TASKS / elapsed:.1f} tasks/s)")
+    print(f"\n{runtime_name}: {tasks} mixed tasks in {elapsed:.1f} s "
+          f"({tasks / elapsed:.1f} tasks/s)")
     assert results == [_expected(i, r) for i, r in enumerate(sizes)]
 
     deadline = time.time() + 30
