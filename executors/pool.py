@@ -9,7 +9,9 @@ are those of every other executor. No process launch, no interpreter start per t
 Faults. The world runs with Hydra's ``-disable-auto-cleanup``, so one rank's
 death does not take the others down. The pool notices a dead rank (its pid is
 gone, its launcher exited, or its heartbeats stopped), fails the task that killed
-it with :class:`~hetflow.TaskLost`, stops the task's other ranks (they may wait in
+it with :class:`~hetflow.TaskLost` naming that rank and how it ended (each rank's
+supervisor process records its exit code or signal: Hydra reports nothing until
+the whole world ends), stops the task's other ranks (they may wait in
 a collective forever: MPI cannot interrupt them), and starts a small replacement
 world of the same number of ranks; running tasks elsewhere carry on. When a task
 needs more ranks than any one world has left, the pool drains and restarts as one
@@ -48,6 +50,7 @@ from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, ResourcesU
 from hetflow.executors.base import HetflowExecutor, collect
 from hetflow.executors.launch import default_mpiexec, kill_tree, launcher_env, launcher_flavour, tail
 from hetflow.executors._pool_sched import PoolScheduler
+from hetflow.executors._pool_worker import read_status
 from hetflow.executors._rank import read_deaths
 from hetflow.resident import find_handles
 
@@ -64,6 +67,8 @@ STUCK_GRACE_S = 1.0
 MAX_REQUEUES = 3
 #: Distinct rank sets whose communicators a world caches (each is a few KiB).
 COMM_CACHE = 512
+#: Seconds a dead rank's supervisor gets to record how the rank ended (its signal).
+EVIDENCE_GRACE_S = 2.0
 
 
 @dataclass
@@ -78,6 +83,8 @@ class _Slot:
     task: Optional[int] = None
     last_seen: float = 0.0
     core: Optional[int] = None
+    supervisor: int = 0          # the rank's parent, which records how it ended
+    dead_since: Optional[float] = None
 
 
 @dataclass
@@ -346,7 +353,7 @@ class PoolExecutor(HetflowExecutor):
             self._send(identity, [b"X"])
             return
         slot = _Slot(self._next_slot, world.id, info["rank"], info["pid"], info["host"], identity,
-                     last_seen=time.monotonic(),
+                     last_seen=time.monotonic(), supervisor=info.get("supervisor", 0),
                      core=world.cores[info["rank"] % len(world.cores)] if world.cores else None)
         self._next_slot += 1
         world.slot_ids[slot.wrank] = slot.id
@@ -675,7 +682,8 @@ class PoolExecutor(HetflowExecutor):
                 slot = self._slots[slot_id]
                 if not slot.alive:
                     continue
-                if exited or not self._slot_alive(slot, now):
+                if exited or (not self._slot_alive(slot, now)
+                              and not self._awaiting_evidence(world, slot, now)):
                     dead.append(slot_id)
             if dead:
                 self._lost(dead, f"world {world.id} exited (code {world.proc.returncode})"
@@ -697,6 +705,31 @@ class PoolExecutor(HetflowExecutor):
             except psutil.NoSuchProcess:
                 return False
         return now - slot.last_seen < self.lost_after_s
+
+    def _awaiting_evidence(self, world: _World, slot: _Slot, now: float) -> bool:
+        """A rank just died: give its supervisor a moment to record how (the signal)."""
+        if slot.host != self._hostname or not slot.supervisor:
+            return False
+        if read_status(world.statedir, slot.pid) is not None:
+            return False
+        if slot.dead_since is None:
+            slot.dead_since = now
+        if now - slot.dead_since >= EVIDENCE_GRACE_S:
+            return False
+        try:
+            return psutil.Process(slot.supervisor).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def _death(self, world: Optional[_World], slot: _Slot, recorded: Optional[tuple]):
+        """``(description, text)`` naming how a rank that really died ended, or None if unknown."""
+        status = read_status(world.statedir, slot.pid) if world else None
+        if recorded is None:
+            return (status[0], "") if status else None
+        what, text = recorded
+        if status and status[1] and "signal" not in what:   # e.g. a segfault's stack dump
+            what = f"{what}, {status[0]}"
+        return what, text
 
     def _lost(self, slot_ids: List[int], why: str, blame: Optional[int] = None,
               collateral: bool = False, launch: bool = True) -> List[int]:
@@ -730,7 +763,13 @@ class PoolExecutor(HetflowExecutor):
             deaths = {}
             for i, slot_id in enumerate(task.slots):
                 wrank = self._slots[slot_id].wrank
-                if wrank in deaths_by_wrank:
+                if slot_id in dead:       # it died on its own: name how, if anything saw it
+                    death = self._death(world, self._slots[slot_id], deaths_by_wrank.get(wrank))
+                    if death is None and not collateral:
+                        death = ("died", "")
+                    if death is not None:
+                        deaths[i] = death
+                elif wrank in deaths_by_wrank:
                     deaths[i] = deaths_by_wrank[wrank]
             if collateral and not deaths and task.requeues < MAX_REQUEUES:
                 # Not this task's fault (its world went down around it, or its rank was gone

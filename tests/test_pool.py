@@ -32,6 +32,7 @@ def pool(**options):
 
         def remember():
             seen.update(s.pid for s in executor._slots.values())
+            seen.update(s.supervisor for s in executor._slots.values() if s.supervisor)
             seen.update(w.proc.pid for w in executor._worlds.values())
 
         remember()
@@ -174,6 +175,36 @@ def test_crashed_rank_is_replaced_while_another_task_keeps_running():
         assert [r[:2] for r in got] == [(r, 4) for r in range(4)]
         executor.remember()
         assert sorted(executor.world_sizes.values()) == [4]
+
+
+@hetflow.mpi_app(ranks=3)
+def pids_then_barrier(comm, directory):
+    with open(os.path.join(directory, f"pid-{comm.Get_rank()}.tmp"), "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(os.path.join(directory, f"pid-{comm.Get_rank()}.tmp"),
+               os.path.join(directory, f"pid-{comm.Get_rank()}"))
+    comm.Barrier()
+    time.sleep(60)         # rank 2 is killed here; its peers then wait in the Barrier below
+    comm.Barrier()
+    return "survived"
+
+
+def test_rank_killed_by_a_signal_is_named_and_its_stopped_peers_are_not_blamed():
+    with tempfile.TemporaryDirectory() as tmp, pool() as executor:
+        fut = pids_then_barrier(tmp)
+        for r in range(3):
+            wait_for(os.path.join(tmp, f"pid-{r}"))
+        with open(os.path.join(tmp, "pid-2")) as fh:
+            os.kill(int(fh.read()), signal.SIGTERM)      # from outside, not by the pool
+        with pytest.raises(hetflow.TaskLost) as info:
+            fut.result(timeout=60)
+        err = info.value
+        assert err.rank == 2 and err.signal == signal.SIGTERM, str(err)
+        assert f"rank 2 of 3 was killed by signal {int(signal.SIGTERM)}" in str(err)
+        assert "rank(s) [0, 1] were stopped with it" in str(err)      # collateral, not blamed
+        executor.remember()
+        assert who.options(ranks=3)().result(timeout=60)[0][:2] == (0, 3)
+        executor.remember()
 
 
 def test_walltime_reclaims_the_ranks():
