@@ -150,11 +150,13 @@ class MPILaunch:
 
     def deaths(self) -> dict:
         """Ranks that died without reporting: their own evidence first, then the launcher's."""
-        # Hydra prints its "BAD TERMINATION" report on stdout.
-        found = read_launcher_deaths(self.taskdir,
-                                     tail(self.stdout, 20000) + tail(self.stderr, 20000))
-        found.update(read_deaths(self.taskdir))
-        return found
+        own = read_deaths(self.taskdir)
+        if own:
+            # Hydra may name a peer it killed while cleaning up; a rank's own evidence wins.
+            return own
+        # SIGKILL leaves no evidence: Hydra's "BAD TERMINATION" report (on stdout) names the pid.
+        return read_launcher_deaths(self.taskdir,
+                                    tail(self.stdout, 20000) + tail(self.stderr, 20000))
 
     def stderr_tail(self) -> str:
         return tail(self.stderr)
