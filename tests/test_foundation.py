@@ -88,7 +88,9 @@ def test_bad_input_is_never_retried(runtime_name, tmp_path):
 
 @pytest.mark.parametrize("exc", [hetflow.ConfigError("bad option"),
                                  hetflow.ResourcesUnavailable("no GPUs"),
-                                 hetflow.InputError("bad file")])
+                                 hetflow.InputError("bad file"),
+                                 hetflow.NotSupported("walltime"),
+                                 hetflow.TaskCancelled("cancelled")])
 def test_retry_policy_refuses_final_errors(exc):
     from hetflow.runtime import retryable
 
