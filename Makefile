@@ -13,10 +13,12 @@ demo: $(PY)
 	$(PY) -m pip install -q '.[test]'
 	$(VENV)/bin/hetflow demo
 
-# The whole suite on a plain install, then the executor-parity and fault suites again on an
+# The whole suite on a plain install (checked to be the one imported: the tests must not
+# pass by reading the source tree), then the executor-parity and fault suites again on an
 # editable install (the remapped hetflow.executors package must import both ways).
 test: $(PY)
 	$(PY) -m pip install -q '.[test]'
+	cd tests && ../$(PY) -c "import hetflow.executors.mpirun as m; assert 'site-packages' in m.__file__, m.__file__"
 	$(PYTEST)
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -c "import hetflow.executors.mpirun as m, os; assert os.path.dirname(m.__file__) == os.path.abspath('executors'), m.__file__"

@@ -12,14 +12,15 @@ whole or absent.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import pickle
 import tempfile
 from concurrent.futures import Future
-from typing import Dict, List
+from typing import Dict, List, Optional
 
-from parsl.dataflow.memoization import BasicMemoizer, CheckpointCommand
+from parsl.dataflow.memoization import BasicMemoizer, CheckpointCommand, id_for_memo, make_hash
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,22 @@ class Journal(BasicMemoizer):
         os.makedirs(self.directory, exist_ok=True)
         super().start(run_dir=run_dir, config_run_dir=config_run_dir)
         self.memo_lookup_table.update(self.load())
+
+    def check_memo(self, task) -> Optional[Future]:
+        """Parsl's lookup, but a task whose arguments Parsl cannot hash (NumPy arrays, Arrow
+        tables, ...) is keyed by their pickled bytes instead of failing: a checkpointed
+        runtime memoizes every MPI app, so it must accept every picklable argument."""
+        if not self.memoize or not task["memoize"]:
+            task["hashsum"] = None
+            return None
+        try:
+            hashsum = make_hash(task)
+        except ValueError:                    # "unknown type for memoization"
+            hashsum = _pickled_hash(task)
+        task["hashsum"] = hashsum
+        if hashsum is None:
+            return None
+        return self.memo_lookup_table.get(hashsum)
 
     def load(self) -> Dict[str, Future]:
         """Hash -> resolved future, for every whole record in the journal."""
@@ -87,3 +104,18 @@ class Journal(BasicMemoizer):
     def records(self) -> int:
         """How many finished tasks the journal holds."""
         return sum(1 for n in os.listdir(self.directory) if n.endswith(_SUFFIX))
+
+
+def _pickled_hash(task) -> Optional[str]:
+    """A key from the pickled arguments (equal values give equal keys for NumPy/Arrow data;
+    where pickling is not deterministic the cost is a re-run, never a wrong result)."""
+    import cloudpickle
+
+    kwargs = {k: v for k, v in task["kwargs"].items() if k not in task["ignore_for_cache"]}
+    try:
+        data = cloudpickle.dumps((task["args"], sorted(kwargs.items())))
+    except Exception as exc:  # noqa: BLE001 - not hashable at all: run it, don't journal it
+        logger.warning("task %s: arguments cannot be keyed for the checkpoint (%s)",
+                       task["id"], exc)
+        return None
+    return "p" + hashlib.md5(id_for_memo(task["func"]) + data).hexdigest()

@@ -1,5 +1,6 @@
-"""MPI apps on Parsl's machinery: memoization, monitoring, retries, checkpoint/restart,
+"""MPI apps on Parsl's machinery, on every executor: memoization, retries, checkpoint/restart,
 and validation at the API edge (bad calls fail at call time, not later on a rank)."""
+import json
 import os
 import signal
 import subprocess
@@ -8,9 +9,11 @@ import textwrap
 import threading
 import time
 
+import psutil
 import pytest
 
 import hetflow
+from conftest import EXECUTOR_OPTIONS, PARITY_EXECUTORS
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -54,13 +57,7 @@ def _lines(path):
     return len(open(path).readlines()) if os.path.exists(path) else 0
 
 
-@pytest.fixture(scope="module")
-def mpirun():
-    with hetflow.runtime("mpirun", max_ranks=4) as dfk:
-        yield dfk
-
-
-def test_cache_true_memoizes(mpirun, tmp_path):
+def test_cache_true_memoizes(runtime_name, tmp_path):
     log = str(tmp_path / "log")
     assert counted(log, 3).result() == 6
     assert counted(log, 3).result() == 6      # memoized: does not run again
@@ -68,20 +65,20 @@ def test_cache_true_memoizes(mpirun, tmp_path):
     assert _lines(log) == 2
 
 
-def test_retries_rerun_a_failed_task(mpirun, tmp_path):
+def test_retries_rerun_a_failed_task(runtime_name, tmp_path):
     log = str(tmp_path / "log")
     assert flaky(log, 2).result() == 3
     assert _lines(log) == 3
 
 
-def test_retries_are_bounded(mpirun, tmp_path):
+def test_retries_are_bounded(runtime_name, tmp_path):
     log = str(tmp_path / "log")
     with pytest.raises(hetflow.TaskFailed, match="attempt 3 fails"):
         flaky(log, 10).result()
     assert _lines(log) == 3                   # 1 try + 2 retries
 
 
-def test_bad_input_is_never_retried(mpirun, tmp_path):
+def test_bad_input_is_never_retried(runtime_name, tmp_path):
     log = str(tmp_path / "log")
     with pytest.raises(hetflow.TaskFailed) as info:
         bad_input(log).result()
@@ -91,7 +88,9 @@ def test_bad_input_is_never_retried(mpirun, tmp_path):
 
 @pytest.mark.parametrize("exc", [hetflow.ConfigError("bad option"),
                                  hetflow.ResourcesUnavailable("no GPUs"),
-                                 hetflow.InputError("bad file")])
+                                 hetflow.InputError("bad file"),
+                                 hetflow.NotSupported("walltime"),
+                                 hetflow.TaskCancelled("cancelled")])
 def test_retry_policy_refuses_final_errors(exc):
     from hetflow.runtime import retryable
 
@@ -102,8 +101,8 @@ def test_retry_policy_refuses_final_errors(exc):
 
 
 # ----------------------------------------------------------------------------- call-time checks
-def test_more_ranks_than_the_runtime_can_give_fails_at_call_time(mpirun):
-    with pytest.raises(hetflow.ResourcesUnavailable, match="max_ranks=4"):
+def test_more_ranks_than_the_runtime_can_give_fails_at_call_time(runtime_name):
+    with pytest.raises(hetflow.ResourcesUnavailable, match="4"):
         noop.options(ranks=5)()               # raised by the call itself, no future
     with pytest.raises(hetflow.ResourcesUnavailable, match="GPU"):
         noop.options(gpus_per_rank=1)()
@@ -113,24 +112,24 @@ def test_more_ranks_than_the_runtime_can_give_fails_at_call_time(mpirun):
 @pytest.mark.parametrize("bad", [{"ranks": 0}, {"ranks": -2}, {"ranks": 1.5},
                                  {"cores_per_rank": 0}, {"walltime": -1},
                                  {"returns": "some"}, {"nodes": 2}])
-def test_bad_resources_fail_at_call_time(mpirun, bad):
+def test_bad_resources_fail_at_call_time(runtime_name, bad):
     with pytest.raises(hetflow.ConfigError):
         noop(hetflow_resources=bad)
     with pytest.raises(hetflow.ConfigError):
         noop.options(**bad)
 
 
-def test_unpicklable_argument_fails_at_call_time(mpirun):
+def test_unpicklable_argument_fails_at_call_time(runtime_name):
     with pytest.raises(hetflow.ConfigError, match="cannot be pickled"):
         noop(threading.Lock())
 
 
 # ----------------------------------------------------------------------------- checkpoint
 CAMPAIGN = textwrap.dedent('''
-    import os, sys, time
+    import json, os, sys, time
     import hetflow
 
-    checkpoint, marks, run_dir = sys.argv[1:4]
+    checkpoint, marks, run_dir, name, options = sys.argv[1:6]
 
     @hetflow.mpi_app(ranks=1)
     def step(comm, i, marks):
@@ -138,18 +137,28 @@ CAMPAIGN = textwrap.dedent('''
         time.sleep(0.3)
         return i * i
 
-    with hetflow.runtime("mpirun", max_ranks=1, checkpoint=checkpoint, run_dir=run_dir):
+    with hetflow.runtime(name, checkpoint=checkpoint, run_dir=run_dir, **json.loads(options)):
         for i in range(8):
             print("done", i, step(i, marks).result(), flush=True)
 ''')
 
 
-def test_checkpoint_resumes_a_killed_campaign(tmp_path):
+def _descendants(pid):
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.parametrize("name", PARITY_EXECUTORS)
+def test_checkpoint_resumes_a_killed_campaign(tmp_path, name):
     script = tmp_path / "campaign.py"
     script.write_text(CAMPAIGN)
     marks = tmp_path / "marks"
     marks.mkdir()
-    args = [sys.executable, str(script), str(tmp_path / "ckpt"), str(marks), str(tmp_path / "run")]
+    options = json.dumps({**EXECUTOR_OPTIONS[name], "max_ranks": 1})   # one task at a time
+    args = [sys.executable, str(script), str(tmp_path / "ckpt"), str(marks), str(tmp_path / "run"),
+            name, options]
 
     first = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, start_new_session=True)
     done_before_kill = set()
@@ -159,11 +168,14 @@ def test_checkpoint_resumes_a_killed_campaign(tmp_path):
                 done_before_kill.add(int(line.split()[1]))
             if len(done_before_kill) == 3:
                 break
+        orphans = _descendants(first.pid)      # launchers, ranks, workers of the client
     finally:
-        os.killpg(first.pid, signal.SIGKILL)   # the client dies mid-campaign
+        os.kill(first.pid, signal.SIGKILL)     # only the client dies, mid-campaign
         first.wait()
     assert len(done_before_kill) == 3
-    time.sleep(1.0)                            # let the orphaned in-flight task end
+    # Whatever the client had started must end by itself (no orphans left running).
+    gone, alive = psutil.wait_procs(orphans, timeout=60)
+    assert not alive, f"{name}: processes outlived the killed client: {alive}"
 
     second = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert second.returncode == 0, second.stderr
@@ -189,3 +201,21 @@ def test_checkpoint_journal_skips_unreadable_records(tmp_path):
     os.makedirs(tmp_path, exist_ok=True)
     assert journal.load() == {}
 
+
+
+def test_checkpoint_accepts_arguments_parsl_cannot_hash(tmp_path):
+    # A checkpointed runtime memoizes every MPI app: a NumPy argument must be keyed, not fail.
+    np = pytest.importorskip("numpy")
+    log = str(tmp_path / "log")
+    for _ in range(2):
+        with hetflow.runtime("mpirun", max_ranks=2, checkpoint=str(tmp_path / "ckpt")):
+            assert array_sum(log, np.arange(4)).result(timeout=120) == 6
+            assert array_sum(log, np.arange(5)).result(timeout=120) == 10
+    assert _lines(log) == 2                   # the second runtime ran nothing
+
+
+@hetflow.mpi_app(ranks=1)
+def array_sum(comm, log, values):
+    with open(log, "a") as fh:
+        fh.write("ran\n")
+    return int(values.sum())
