@@ -20,6 +20,7 @@ so each line is one core slot and tasks of different sizes run side by side.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -38,7 +39,7 @@ from parsl.providers import LocalProvider
 from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, TaskCancelled, TaskLost,
                             WalltimeExceeded)
 from hetflow.executors._parsl_worker import CANCEL_MARKER, LAUNCHER_FILE, run_mpi_task
-from hetflow.executors.base import HetflowExecutor, TaskTimes, collect
+from hetflow.executors.base import HetflowExecutor, SlotScheduler, TaskTimes, collect
 from hetflow.executors.launch import kill_tree, timestamps
 from hetflow.spec import Resources
 
@@ -111,6 +112,8 @@ class ParslMPIExecutor(MPIExecutor):
         self._lock = threading.Lock()
         self._hetflow_counter = 0
         self._taskdirs: Dict[Future, str] = {}
+        self._slots = SlotScheduler(self.max_ranks)
+        self._submit_lock = threading.RLock()
         self._stopping = False
 
     check_resources = HetflowExecutor.check_resources
@@ -143,6 +146,7 @@ class ParslMPIExecutor(MPIExecutor):
         """Stop running tasks' process trees, then the interchange and worker pool."""
         self._stopping = True
         with self._lock:
+            self._slots.queue.clear()
             pending = dict(self._taskdirs)
         for taskdir in pending.values():
             self._ask_to_stop(taskdir)
@@ -176,14 +180,46 @@ class ParslMPIExecutor(MPIExecutor):
         payload = self.payload(task_id, func, args, kwargs, resources)
         with self._lock:
             self._taskdirs[future] = taskdir
-        inner = super().submit(run_mpi_task, parsl_resource_spec(resources), payload,
-                               asdict(resources), self.client_sys_path(), taskdir, self.python)
-        inner.add_done_callback(
-            lambda done: self._finish(task_id, resources, taskdir, future, done))
+            self._slots.push((task_id, resources, taskdir, future, payload), resources.cores)
+        self._dispatch()
         return future
 
+    def _dispatch(self) -> None:
+        """Hand HTEX the tasks whose rank slots are free now, in FIFO-with-backfill order.
+
+        Parsl's MPI task scheduler has its own backlog, but with 2026.10 it recurses
+        without end (RecursionError in the manager, then a hang) when a freed node
+        cannot fit the smallest waiting task. Gating here means a task only reaches
+        the manager when its node-file entries are free, so that backlog stays empty.
+        """
+        with self._submit_lock:
+            with self._lock:
+                ready = self._slots.pop_ready()
+            for (task_id, resources, taskdir, future, payload), slots in ready:
+                if future.done():  # cancelled while it waited
+                    with self._lock:
+                        self._slots.release(slots)
+                    continue
+                try:
+                    inner = super().submit(run_mpi_task, parsl_resource_spec(resources), payload,
+                                           asdict(resources), self.client_sys_path(), taskdir,
+                                           self.python)
+                except BaseException as exc:  # noqa: BLE001 - e.g. the executor is in a bad state
+                    with self._lock:
+                        self._slots.release(slots)
+                        self._taskdirs.pop(future, None)
+                    self.deliver(future, error=exc)
+                    continue
+                inner.add_done_callback(functools.partial(
+                    self._finish, task_id, resources, taskdir, future, slots))
+        # A delivery above freed slots: let waiting tasks through.
+        with self._lock:
+            more = bool(self._slots.queue) and self._slots.free and not self._stopping
+        if more and ready:
+            self._dispatch()
+
     def _finish(self, task_id: int, resources: Resources, taskdir: str, future: Future,
-                inner: Future) -> None:
+                slots, inner: Future) -> None:
         value, error, stamps = None, None, {}
         try:
             report = inner.result()
@@ -217,11 +253,14 @@ class ParslMPIExecutor(MPIExecutor):
                     error = exc
         with self._lock:
             self._taskdirs.pop(future, None)
+            self._slots.release(slots)
         if error is None and not self.keep_task_dirs:
             import shutil
 
             shutil.rmtree(taskdir, ignore_errors=True)
         self.deliver(future, value, error, stamps)
+        if not self._stopping:
+            self._dispatch()
 
     def cancel(self, future: Future) -> bool:
         """Stop a queued or running task; its future fails with TaskCancelled.
@@ -235,8 +274,15 @@ class ParslMPIExecutor(MPIExecutor):
             taskdir = self._taskdirs.get(future)
         if taskdir is None or future.done():
             return False
+        with self._lock:
+            queued = any(entry[0][3] is future for entry in self._slots.queue)
+            if queued:
+                for entry in list(self._slots.queue):
+                    if entry[0][3] is future:
+                        self._slots.queue.remove(entry)
+                self._taskdirs.pop(future, None)
         self._ask_to_stop(taskdir)
-        if not os.path.exists(os.path.join(taskdir, LAUNCHER_FILE)):
+        if queued or not os.path.exists(os.path.join(taskdir, LAUNCHER_FILE)):
             self.deliver(future, error=TaskCancelled(
                 f"task {future.parsl_executor_task_id} ({self.label}) was cancelled before "
                 "it started"))
