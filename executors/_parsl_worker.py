@@ -22,6 +22,8 @@ import sys
 import time
 from typing import List, Optional
 
+import psutil
+
 from hetflow.errors import LaunchError
 from hetflow.executors._rank import read_outcomes
 from hetflow.executors.launch import MPILaunch, kill_tree, launcher_env, tail
@@ -87,7 +89,10 @@ def run_mpi_task(payload: bytes, resources: dict, sys_path: List[str], taskdir: 
     # The client kills this group if the worker itself is lost (its children would
     # outlive it: the launcher runs in its own session so it can be killed as a tree).
     with open(os.path.join(taskdir, LAUNCHER_FILE), "w") as fh:
-        json.dump({"pid": proc.pid, "host": socket.gethostname()}, fh)
+        json.dump({"host": socket.gethostname(), "pid": proc.pid,
+                   "started": _create_time(proc.pid), "worker": os.getpid(),
+                   "worker_started": _create_time(os.getpid()),
+                   "block_pgid": os.getpgid(0)}, fh)
     deadline = report["launched"] + res.walltime if res.walltime else None
     while True:
         try:
@@ -114,6 +119,13 @@ def run_mpi_task(payload: bytes, resources: dict, sys_path: List[str], taskdir: 
         report["error"] = (f"the MPI launcher exited with code {proc.returncode} before any "
                            f"rank started: {tail(launch.stderr, 1000).strip()}")
     return report
+
+
+def _create_time(pid: int) -> float:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return 0.0
 
 
 def _any_rank_started(taskdir: str) -> bool:

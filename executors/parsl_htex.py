@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -35,6 +36,7 @@ from parsl.executors.high_throughput.executor import DEFAULT_LAUNCH_CMD
 from parsl.executors.high_throughput.mpi_executor import MPIExecutor
 from parsl.launchers import SimpleLauncher
 from parsl.providers import LocalProvider
+import psutil
 
 from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, TaskCancelled, TaskLost,
                             WalltimeExceeded)
@@ -224,7 +226,7 @@ class ParslMPIExecutor(MPIExecutor):
         try:
             report = inner.result()
         except BaseException as exc:  # noqa: BLE001 - the worker (or its pool) was lost
-            self._kill_launcher(taskdir)
+            self._kill_launcher(taskdir, block_lost=type(exc).__name__ == "ManagerLost")
             error = TaskLost(
                 f"task {task_id} ({self.label}): the Parsl worker running it was lost "
                 f"({type(exc).__name__}: {exc})", task_id=task_id)
@@ -294,15 +296,33 @@ class ParslMPIExecutor(MPIExecutor):
         open(os.path.join(taskdir, CANCEL_MARKER), "w").close()
 
     @staticmethod
-    def _kill_launcher(taskdir: str) -> None:
-        """Kill a task's launcher tree when its worker can no longer do so (local only)."""
+    def _kill_launcher(taskdir: str, block_lost: bool = False) -> None:
+        """Kill a task's launcher tree when its worker can no longer do so (local only).
+
+        With ``block_lost`` (Parsl reported the manager lost) also the rest of that
+        worker pool: its workers outlive the manager, blocked on pipes nobody reads.
+        A start-time check guards against killing a recycled pid; a process-group
+        id is never reused while any member lives.
+        """
         try:
             with open(os.path.join(taskdir, LAUNCHER_FILE)) as fh:
                 info = json.load(fh)
         except (OSError, ValueError):
             return
-        if info.get("host") == socket.gethostname():
-            kill_tree(int(info["pid"]))
+        if info.get("host") != socket.gethostname():
+            return
+        try:
+            launcher = psutil.Process(int(info["pid"]))
+            if abs(launcher.create_time() - info.get("started", 0.0)) <= 1.0:
+                kill_tree(launcher.pid)
+        except (psutil.Error, KeyError, ValueError):
+            pass
+        pgid = info.get("block_pgid")
+        if block_lost and pgid and pgid != os.getpgid(0):
+            try:
+                os.killpg(int(pgid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def monitor_resources(self) -> bool:
         # Parsl's resource monitor watches one process tree; MPI ranks are many.

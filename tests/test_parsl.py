@@ -174,3 +174,34 @@ def _ours(run_dir, before):
         except psutil.Error:
             continue
     return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_killed_manager_fails_its_task_and_leaves_no_orphans(parsl_executor):
+    with tempfile.TemporaryDirectory() as tmp:
+        marker = os.path.join(tmp, "running")
+        fut = mark_and_sleep(marker, 120)
+        _wait_for(marker)
+        taskdir = parsl_executor._taskdirs[fut.task_record["exec_fu"]]
+        with open(os.path.join(taskdir, LAUNCHER_FILE)) as fh:
+            info = json.load(fh)
+        launcher = psutil.Process(info["pid"])
+        manager = launcher.parent().parent()
+        assert "process_worker_pool" in " ".join(manager.cmdline())
+        block = [p for p in psutil.process_iter() if _pgid(p) == info["block_pgid"]]
+        tree = [launcher] + launcher.children(recursive=True) + block
+        manager.send_signal(signal.SIGKILL)
+        # Noticed after heartbeat_threshold (8 s by default) as Parsl's ManagerLost.
+        with pytest.raises(hetflow.TaskLost, match="ManagerLost"):
+            fut.result(timeout=120)
+        # The old pool's workers and the task's job are gone, not orphaned.
+        gone, alive = psutil.wait_procs(tree, timeout=30)
+        assert not alive, [p.pid for p in alive]
+    # block_error_handler=False: Parsl starts a new block and the executor carries on.
+    assert total(7).result(timeout=180) == 14
+
+
+def _pgid(proc):
+    try:
+        return os.getpgid(proc.pid)
+    except OSError:
+        return None
