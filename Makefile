@@ -1,5 +1,6 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PYTEST := cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --rootdir=.. -c ../pyproject.toml
 
 .PHONY: demo test
 
@@ -12,7 +13,11 @@ demo: $(PY)
 	$(PY) -m pip install -q '.[test]'
 	$(VENV)/bin/hetflow demo
 
-# Install (plain, non-editable) and run the whole test suite.
+# The whole suite on a plain install, then the executor-parity and fault suites again on an
+# editable install (the remapped hetflow.executors package must import both ways).
 test: $(PY)
 	$(PY) -m pip install -q '.[test]'
-	cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --rootdir=.. -c ../pyproject.toml
+	$(PYTEST)
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -c "import hetflow.executors.mpirun as m, os; assert os.path.dirname(m.__file__) == os.path.abspath('executors'), m.__file__"
+	$(PYTEST) test_parity.py test_faults.py

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import pickle
 import socket
 import sys
@@ -156,6 +157,9 @@ def record_deaths(taskdir: str, rank: int) -> None:
     """
     import faulthandler
 
+    # The pid lets a launcher's report ("PID n ... killed") be traced back to this rank.
+    with open(os.path.join(taskdir, f"pid-{rank}"), "w") as fh:
+        fh.write(str(os.getpid()))
     fault = open(os.path.join(taskdir, f"fault-{rank}.txt"), "w")
     faulthandler.enable(file=fault, all_threads=False)
     real_exit = os._exit
@@ -188,6 +192,42 @@ def read_deaths(taskdir: str) -> dict:
                 text = fh.read()
             first = text.splitlines()[0] if text else "fatal signal"
             deaths.setdefault(int(name[6:-4]), (f"died ({first})", text))
+    return deaths
+
+
+_HYDRA_BAD = re.compile(r"PID (\d+) RUNNING AT .*?\n=\s+EXIT CODE: (\d+)", re.S)
+_HYDRA_SIGNAL = re.compile(r"EXIT STRING: .*?\(signal (\d+)\)")
+
+
+def read_launcher_deaths(taskdir: str, launcher_stderr: str) -> dict:
+    """Deaths the launcher saw but the rank could not record (SIGKILL leaves no evidence).
+
+    Hydra reports ``PID n RUNNING AT host / EXIT CODE: c`` for the process that
+    terminated badly; the ``pid-<rank>`` files map it back to a rank.
+    """
+    pids = {}
+    try:
+        names = os.listdir(taskdir)
+    except OSError:
+        return {}
+    for name in names:
+        if name.startswith("pid-"):
+            try:
+                with open(os.path.join(taskdir, name)) as fh:
+                    pids[int(fh.read().strip())] = int(name[4:])
+            except (OSError, ValueError):
+                continue
+    signal_match = _HYDRA_SIGNAL.search(launcher_stderr)
+    deaths = {}
+    for pid, code in _HYDRA_BAD.findall(launcher_stderr):
+        rank = pids.get(int(pid))
+        if rank is None:
+            continue
+        if signal_match:
+            what = f"was killed by signal {signal_match.group(1)}"
+        else:
+            what = f"exited with code {code}"
+        deaths.setdefault(rank, (what, ""))
     return deaths
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import re
 import sys
 import threading
 import time
@@ -73,6 +74,31 @@ def task_times(future) -> Optional[TaskTimes]:
     return future.__dict__.get("hetflow_times") if future is not None else None
 
 
+def task_state(future) -> str:
+    """The task's state: NEW, SCHEDULING, EXECUTING, DONE, FAILED or CANCELED.
+
+    Executors that track states (the pool) stamp ``hetflow_state`` on their
+    futures; for the others it is derived from the futures (NEW until an
+    executor has the task, EXECUTING until it is done).
+    """
+    record = future.__dict__.get("task_record") if hasattr(future, "__dict__") else None
+    exec_fu = record.get("exec_fu") if record is not None else future
+    if exec_fu is not None:
+        state = exec_fu.__dict__.get("hetflow_state")
+        if state is not None:
+            return state
+    done = future if record is not None else exec_fu
+    if done is None or not done.done():
+        return "NEW" if exec_fu is None else "EXECUTING"
+    if done.cancelled():
+        return "CANCELED"
+    exc = done.exception()
+    if exc is None:
+        return "DONE"
+    from hetflow.errors import TaskCancelled
+    return "CANCELED" if isinstance(exc, TaskCancelled) else "FAILED"
+
+
 def collect(outcomes: Dict[int, RankOutcome], resources: Resources, *, task_id=None,
             returncode: Optional[int] = None, stderr_tail: str = "", executor: str = "",
             deaths: Optional[Dict[int, tuple]] = None):
@@ -105,6 +131,9 @@ def collect(outcomes: Dict[int, RankOutcome], resources: Resources, *, task_id=N
         if deaths:
             rank = min(deaths)
             what, text = deaths[rank]
+            named = re.search(r"signal (\d+)", what)
+            if named and signal is None:
+                signal = int(named.group(1))
             others = [r for r in missing if r != rank]
             message = (f"task {task_id} ({executor}): rank {rank} of {resources.ranks} {what} "
                        f"without reporting ({how})")

@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence
 import psutil
 
 from hetflow.errors import LaunchError, TaskCancelled, WalltimeExceeded
-from hetflow.executors._rank import read_deaths, read_outcomes
+from hetflow.executors._rank import read_deaths, read_launcher_deaths, read_outcomes
 from hetflow.spec import Resources
 
 
@@ -149,7 +149,12 @@ class MPILaunch:
             kill_tree(self.proc.pid)
 
     def deaths(self) -> dict:
-        return read_deaths(self.taskdir)
+        """Ranks that died without reporting: their own evidence first, then the launcher's."""
+        # Hydra prints its "BAD TERMINATION" report on stdout.
+        found = read_launcher_deaths(self.taskdir,
+                                     tail(self.stdout, 20000) + tail(self.stderr, 20000))
+        found.update(read_deaths(self.taskdir))
+        return found
 
     def stderr_tail(self) -> str:
         return tail(self.stderr)

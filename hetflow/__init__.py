@@ -5,8 +5,9 @@ so that MPI ranks, which only need the rank-side runner, start fast.
 """
 import importlib
 
-from hetflow.errors import (ConfigError, ExecutorBroken, HetflowError, InputError, LaunchError,
-                            NotSupported, ResourcesUnavailable, TaskCancelled, TaskFailed,
+from hetflow.errors import (BackendUnavailable, ConfigError, ExecutorBroken, HetflowError,
+                            InputError, KeyColumnError, LaunchError, NotSupported,
+                            ResourcesUnavailable, SchemaMismatch, TaskCancelled, TaskFailed,
                             TaskLost, WalltimeExceeded)
 from hetflow.spec import Resources
 
@@ -16,20 +17,25 @@ _LAZY = {
     "mpi_app": "hetflow.apps", "MPIApp": "hetflow.apps", "current_comm": "hetflow._task",
     "runtime": "hetflow.runtime", "available_runtimes": "hetflow.runtime",
     "task_times": "hetflow.executors.base", "TaskTimes": "hetflow.executors.base",
-    "cancel": "hetflow.executors.base",
+    "cancel": "hetflow.executors.base", "task_state": "hetflow.executors.base",
+    "keep": "hetflow.resident", "Resident": "hetflow.resident",
 }
 
 __all__ = sorted(set(_LAZY) | {
     "Resources", "HetflowError", "ConfigError", "InputError", "ResourcesUnavailable",
     "NotSupported", "LaunchError", "TaskFailed", "TaskLost", "WalltimeExceeded", "TaskCancelled",
-    "ExecutorBroken"})
+    "ExecutorBroken", "KeyColumnError", "SchemaMismatch", "BackendUnavailable"})
 
 
 def __getattr__(name):
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
+        module = importlib.import_module(_LAZY[name])
+        # Importing a submodule named like one of its functions (hetflow.runtime) rebinds the
+        # package attribute to the module: bind every name that module provides, now.
+        for other, where in _LAZY.items():
+            if where == _LAZY[name]:
+                globals()[other] = getattr(module, other)
+        return globals()[name]
     raise AttributeError(f"module 'hetflow' has no attribute {name!r}")
 
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Optional, Sequence, Union
 
+import pickle
+
 from parsl.app.app import AppBase
 from parsl.dataflow.dflow import DataFlowKernelLoader
+from parsl.dataflow.memoization import id_for_memo
 
 from hetflow._task import MPITask, current_comm, task_comm
-from hetflow.errors import ConfigError
+from hetflow.errors import ConfigError, ResourcesUnavailable
 from hetflow.spec import Resources
 
 #: The per-call override keyword accepted by every MPI app.
@@ -53,11 +56,47 @@ class MPIApp(AppBase):
                               f"{RESOURCES_KWARG}=..., not parsl_resource_specification")
         _check_picklable(self.fn.__name__, args, kwargs)
         dfk = self.data_flow_kernel or DataFlowKernelLoader.dfk()
+        _check_fits(self.fn.__name__, resources, dfk, self.executors)
         app_kwargs = dict(self.kwargs)
         app_kwargs.update(kwargs)
         app_kwargs["parsl_resource_specification"] = resources.to_spec()
-        return dfk.submit(self.func, app_args=args, executors=self.executors, cache=self.cache,
+        # A checkpointed runtime memoizes every MPI app: that is what makes a restart skip them.
+        cache = self.cache or bool(getattr(dfk, "hetflow_checkpoint", False))
+        return dfk.submit(self.func, app_args=args, executors=self.executors, cache=cache,
                           ignore_for_cache=self.ignore_for_cache, app_kwargs=app_kwargs)
+
+
+def _check_fits(name: str, resources: Resources, dfk, executors) -> None:
+    """Raise ResourcesUnavailable at call time if no loaded executor could ever run the task.
+
+    Executors that are not hetflow's (no ``check_resources``) are assumed to fit.
+    """
+    labels = list(dfk.executors) if executors == "all" else (
+        [executors] if isinstance(executors, str) else list(executors))
+    candidates = [dfk.executors[label] for label in labels
+                  if label in dfk.executors and not label.startswith("_parsl")]
+    if not candidates:
+        return
+    errors = []
+    for executor in candidates:
+        check = getattr(executor, "check_resources", None)
+        if check is None:
+            return
+        try:
+            check(resources)
+            return
+        except ResourcesUnavailable as exc:
+            errors.append(exc)
+    if len(errors) == 1:
+        raise ResourcesUnavailable(f"MPI app {name!r}: {errors[0]}")
+    raise ResourcesUnavailable(f"MPI app {name!r} fits none of the loaded executors: "
+                               + "; ".join(map(str, errors)))
+
+
+@id_for_memo.register(MPITask)
+def _memo_id(task: MPITask, output_ref: bool = False) -> bytes:
+    # Like Parsl's rule for plain functions: identity is the function's module and name.
+    return pickle.dumps(["hetflow.MPITask", task.fn.__module__, task.fn.__qualname__])
 
 
 def _check_picklable(name: str, args, kwargs) -> None:

@@ -120,3 +120,18 @@ def _rebuild(cls, args, state):
     if state.get("exception") is not None:
         err.__cause__ = state["exception"]
     return err
+
+
+class KeyColumnError(InputError, KeyError):
+    """A key column named by an operation is not in the table (raised on every rank)."""
+
+    def __str__(self):  # KeyError quotes its message; keep it readable
+        return self.args[0] if self.args else ""
+
+
+class SchemaMismatch(InputError):
+    """Ranks' partitions, or the two sides of a join, disagree on column types."""
+
+
+class BackendUnavailable(ResourcesUnavailable):
+    """A compute backend (GPU via cupy, pycylon) was requested but cannot run here."""

@@ -72,18 +72,26 @@ def make_config(executor, *, run_dir: str, monitoring=None, memoizer=None, **con
 
 @contextlib.contextmanager
 def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir: bool = False,
-            monitoring=None, memoizer=None, config_options: Optional[dict] = None,
-            **executor_options) -> Iterator[Any]:
+            monitoring=None, memoizer=None, checkpoint: Optional[str] = None,
+            config_options: Optional[dict] = None, **executor_options) -> Iterator[Any]:
     """Start runtime ``name`` (``"mpirun"``, ``"parsl"``, ``"radical"``, ``"pool"``) for the block.
 
     Yields the Parsl DataFlowKernel; MPI apps called inside the block run on it.
     ``run_dir`` (default: a fresh temp dir) holds Parsl's run info and the
     executor's task dirs and sandboxes; it is removed on exit unless
-    ``keep_run_dir`` or ``run_dir`` was given. Extra keywords go to the executor.
+    ``keep_run_dir`` or ``run_dir`` was given. ``checkpoint`` (a directory) journals
+    every finished task's result there; a later runtime with the same directory
+    skips those tasks (see :mod:`hetflow.journal`). Extra keywords go to the executor.
     """
     import parsl
 
     cls = executor_class(name)
+    if checkpoint is not None:
+        if memoizer is not None:
+            raise ConfigError("give either checkpoint= or memoizer=, not both")
+        from hetflow.journal import Journal
+
+        memoizer = Journal(checkpoint)
     owned = run_dir is None
     base = tempfile.mkdtemp(prefix=f"hetflow-{name}-") if owned else os.path.abspath(run_dir)
     os.makedirs(base, exist_ok=True)
@@ -92,6 +100,7 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
         config = make_config(executor, run_dir=os.path.join(base, "runinfo"), monitoring=monitoring,
                              memoizer=memoizer, **(config_options or {}))
         dfk = parsl.load(config)
+        dfk.hetflow_checkpoint = checkpoint is not None
     except BaseException:
         if owned and not keep_run_dir:
             shutil.rmtree(base, ignore_errors=True)

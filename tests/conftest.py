@@ -15,10 +15,12 @@ if HERE not in sys.path:
 EXECUTOR_OPTIONS = {
     "mpirun": {"max_ranks": 4},
     "parsl": {"max_ranks": 4},
+    "pool": {"max_ranks": 4},
+    "radical": {"max_ranks": 4},
 }
 
 #: The executors the parity suite runs on; each back-end adds itself here when it lands.
-PARITY_EXECUTORS = ["mpirun", "parsl"]
+PARITY_EXECUTORS = ["mpirun", "parsl", "pool", "radical"]
 
 
 @pytest.fixture(scope="module", params=PARITY_EXECUTORS)

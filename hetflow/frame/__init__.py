@@ -1,0 +1,35 @@
+"""hetflow's Cylon engine: distributed Arrow tables over MPI (join, sort, shuffle, groupby).
+
+Each rank of a communicator holds one ``pyarrow.Table`` partition of a :class:`DistributedTable`;
+operations are collective and move rows between ranks as Arrow IPC streams through one MPI
+``Alltoallv``. The algorithms are Cylon's (hash-partitioned join, sample sort); see
+``frame.join``, ``frame.sort``. Example, on every rank of ``comm``::
+
+    from hetflow import frame
+    left = frame.generate(comm, 1_000_000, seed=1)
+    right = frame.generate(comm, 1_000_000, seed=2)
+    joined = frame.join(left, right, on="key")       # how="inner" | "left" | "right" | "outer"
+    ordered = frame.sort(left, "key")                # rank i's rows <= rank i+1's
+    table = ordered.gather()                         # pyarrow.Table on rank 0, None elsewhere
+
+Bad input (unknown columns, mismatched key types, ranks whose schemas disagree) raises the same
+:class:`~hetflow.errors.InputError` subclass on every rank, before any data moves.
+"""
+from hetflow.frame._backend import set_backend
+from hetflow.frame._io import read_csv, read_parquet, to_parquet
+from hetflow.frame._ops import GroupBy, join, shuffle, sort, unique
+from hetflow.frame._table import DistributedTable, from_local, generate
+
+
+def gather(table: DistributedTable, root: int = 0):
+    """``table.gather(root)``: all partitions concatenated on ``root``, None elsewhere."""
+    return table.gather(root)
+
+
+def groupby(table: DistributedTable, by) -> GroupBy:
+    """``table.groupby(by)``: finish with ``.agg({column: function})``."""
+    return table.groupby(by)
+
+
+__all__ = ["DistributedTable", "GroupBy", "from_local", "gather", "generate", "groupby", "join",
+           "read_csv", "read_parquet", "set_backend", "shuffle", "sort", "to_parquet", "unique"]

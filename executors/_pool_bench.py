@@ -1,0 +1,157 @@
+"""Side-by-side overhead benchmark: ``python -m hetflow.executors._pool_bench [runtimes...]``.
+
+Runs, through the normal ``mpi_app`` + Parsl DFK path, on each runtime in turn:
+- latency: N no-op 2-rank tasks one after another; per-task overhead is the mean
+  of TaskTimes.overhead_s (submit to delivery, minus time in the function);
+- throughput: N no-op 2-rank tasks submitted at once; tasks/s over the whole batch.
+Prints one table and the ratios against mpirun. Never fails on a time: it only reports.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import hetflow
+
+
+@hetflow.mpi_app(ranks=2)
+def noop(comm):
+    return None
+
+
+def measure(name: str, n: int, options: dict) -> dict:
+    t0 = time.perf_counter()
+    with hetflow.runtime(name, **options):
+        start_s = time.perf_counter() - t0
+        noop().result()                                      # warm: imports on the ranks
+        overheads = []
+        t = time.perf_counter()
+        for _ in range(n):
+            fut = noop()
+            fut.result()
+            overheads.append(hetflow.task_times(fut).overhead_s)
+        sequential_s = time.perf_counter() - t
+        t = time.perf_counter()
+        futs = [noop() for _ in range(n)]
+        for fut in futs:
+            fut.result()
+        batch_s = time.perf_counter() - t
+    return {"runtime": name, "start_s": start_s,
+            "overhead_ms": 1e3 * statistics.mean(overheads),
+            "overhead_p50_ms": 1e3 * statistics.median(overheads),
+            "sequential_ms": 1e3 * sequential_s / n,
+            "tasks_per_s": n / batch_s}
+
+
+@hetflow.mpi_app(ranks=1)
+def join_task(comm, rows):
+    from hetflow import frame
+
+    per_rank = rows // comm.Get_size()
+    left = frame.generate(comm, per_rank, seed=1)
+    right = frame.generate(comm, per_rank, seed=2)
+    return frame.join(left, right, on="key").num_rows()
+
+
+#: The mixed workload: 8 joins of 1 and 2 ranks over 0.1M-1M rows (total over the ranks).
+MIXED = [(ranks, rows) for rows in (100_000, 250_000, 500_000, 1_000_000) for ranks in (1, 2)]
+
+
+def measure_mixed(name: str, options: dict) -> dict:
+    with hetflow.runtime(name, **options):
+        join_task.options(ranks=2)(1000).result()            # warm: engine imports on the ranks
+        t = time.perf_counter()
+        futs = [join_task.options(ranks=r)(rows) for r, rows in MIXED]
+        results = [f.result() for f in futs]
+        return {"runtime": name, "mixed_s": time.perf_counter() - t, "rows": results}
+
+
+@hetflow.mpi_app(ranks=2)
+def join_keep(comm, rows):
+    from hetflow import frame
+
+    left = frame.generate(comm, rows // 2, seed=1)
+    right = frame.generate(comm, rows // 2, seed=2)
+    return hetflow.keep(frame.join(left, right, on="key"))
+
+
+@hetflow.mpi_app(ranks=2)
+def join_gather(comm, rows):
+    from hetflow import frame
+
+    left = frame.generate(comm, rows // 2, seed=1)
+    right = frame.generate(comm, rows // 2, seed=2)
+    return frame.join(left, right, on="key").gather()
+
+
+@hetflow.mpi_app(ranks=2)
+def sort_rows(comm, table):
+    from hetflow import frame
+
+    if not isinstance(table, frame.DistributedTable):   # came through the client: scatter it
+        table = frame.from_local(comm, table if comm.Get_rank() == 0 else table.slice(0, 0))
+    return frame.sort(table, "key").num_rows()
+
+
+def measure_pipeline(name: str, rows: int, options: dict) -> dict:
+    """join -> sort as two tasks: resident in the pool, through the client elsewhere."""
+    with hetflow.runtime(name, **options):
+        sort_rows(join_gather(1000)).result()                # warm
+        t = time.perf_counter()
+        first = join_keep(rows) if name == "pool" else join_gather(rows)
+        sorted_rows = sort_rows(first).result()
+        return {"runtime": name, "pipeline_s": time.perf_counter() - t, "rows": sorted_rows}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hetflow.executors._pool_bench")
+    parser.add_argument("runtimes", nargs="*", default=["pool", "mpirun"])
+    parser.add_argument("-n", type=int, default=100)
+    parser.add_argument("--max-ranks", type=int, default=4)
+    parser.add_argument("--mixed", action="store_true",
+                        help="also the mixed join workload and the join->sort pipeline")
+    parser.add_argument("--pipeline-rows", type=int, default=1_000_000)
+    args = parser.parse_args(argv)
+    available = hetflow.available_runtimes()
+    rows = []
+    for name in args.runtimes:
+        if name not in available:
+            print(f"skipping {name}: not installed", file=sys.stderr)
+            continue
+        rows.append(measure(name, args.n, {"max_ranks": args.max_ranks}))
+    print(f"{'runtime':10} {'start s':>8} {'overhead ms':>12} {'p50 ms':>8} "
+          f"{'seq ms/task':>12} {'tasks/s':>9}")
+    for r in rows:
+        print(f"{r['runtime']:10} {r['start_s']:8.2f} {r['overhead_ms']:12.2f} "
+              f"{r['overhead_p50_ms']:8.2f} {r['sequential_ms']:12.2f} {r['tasks_per_s']:9.1f}")
+    base = next((r for r in rows if r["runtime"] == "mpirun"), None)
+    if base:
+        for r in rows:
+            if r is not base:
+                print(f"{r['runtime']} vs mpirun: overhead 1/"
+                      f"{base['overhead_ms'] / r['overhead_ms']:.0f}, throughput x"
+                      f"{r['tasks_per_s'] / base['tasks_per_s']:.0f}")
+    if args.mixed:
+        options = {"max_ranks": args.max_ranks}
+        mixed = [measure_mixed(n, options) for n in args.runtimes if n in available]
+        pipe = [measure_pipeline(n, args.pipeline_rows, options)
+                for n in args.runtimes if n in available]
+        for m, p in zip(mixed, pipe):
+            print(f"{m['runtime']:10} mixed 8 joins: {m['mixed_s']:7.2f} s   "
+                  f"join->sort {args.pipeline_rows} rows: {p['pipeline_s']:6.2f} s "
+                  f"({p['rows']} rows sorted)")
+        if len(mixed) > 1 and len({tuple(m["rows"]) for m in mixed}) != 1:
+            print("WARNING: runtimes disagree on join results", [m["rows"] for m in mixed])
+        base_m = next((m for m in mixed if m["runtime"] == "mpirun"), None)
+        base_p = next((p for p in pipe if p["runtime"] == "mpirun"), None)
+        for m, p in zip(mixed, pipe):
+            if base_m and m is not base_m:
+                print(f"{m['runtime']} vs mpirun: mixed x{base_m['mixed_s'] / m['mixed_s']:.2f} "
+                      f"faster, join->sort x{base_p['pipeline_s'] / p['pipeline_s']:.2f} faster")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

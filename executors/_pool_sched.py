@@ -1,0 +1,83 @@
+"""Placement for the pool: FIFO with bounded backfill, over rank slots grouped by MPI world.
+
+A task's communicator must come from one MPI world, so a task fits only where one
+world has enough free slots (best fit: the world with the fewest free slots that
+suffice, keeping big holes for big tasks). A task carrying resident data is pinned
+to the exact slots holding it. The no-starvation rule is SlotScheduler's: a
+blocked head lets later tasks pass it at most ``max_bypass`` times.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from hetflow.executors.base import SlotScheduler
+
+
+class PoolScheduler(SlotScheduler):
+    """Slots are global ids; ``world_of[slot]`` says which MPI world a slot belongs to."""
+
+    def __init__(self, max_bypass: int = 16):
+        super().__init__(0, max_bypass=max_bypass)
+        self.world_of: Dict[int, int] = {}
+        self.free: List[int] = []
+
+    # slots come and go with worlds (start, loss, replacement)
+    def add_slot(self, slot: int, world: int) -> None:
+        self.world_of[slot] = world
+        self.capacity += 1
+
+    def remove_slot(self, slot: int) -> None:
+        if slot in self.world_of:
+            del self.world_of[slot]
+            self.capacity -= 1
+        if slot in self.free:
+            self.free.remove(slot)
+
+    def push_front(self, item, slots: int) -> None:
+        """Re-queue a task at the head (it was running and lost its ranks through no fault)."""
+        self.queue.appendleft([item, slots, 0])
+
+    def world_sizes(self) -> Dict[int, int]:
+        """Slots per world (busy or free)."""
+        sizes: Dict[int, int] = {}
+        for world in self.world_of.values():
+            sizes[world] = sizes.get(world, 0) + 1
+        return sizes
+
+    def place(self, need: int, pinned: Optional[Sequence[int]] = None) -> Optional[List[int]]:
+        """Free slots for a task of ``need`` ranks within one world, or None."""
+        if pinned is not None:
+            return list(pinned) if all(s in self.free for s in pinned) else None
+        by_world: Dict[int, List[int]] = {}
+        for slot in self.free:
+            by_world.setdefault(self.world_of[slot], []).append(slot)
+        fits = [(len(free), world) for world, free in by_world.items() if len(free) >= need]
+        if not fits:
+            return None
+        _, world = min(fits)
+        return sorted(by_world[world])[:need]
+
+    def pop_ready(self, pinned_of=lambda item: None) -> List[Tuple[object, List[int]]]:
+        """Entries that can start now, as ``(item, slots)``; their slots are taken."""
+        ready = []
+        blocked_head = None
+        for entry in list(self.queue):
+            item, need, _ = entry
+            allowed = blocked_head is None or blocked_head[2] < self.max_bypass
+            slots = self.place(need, pinned_of(item)) if allowed else None
+            if slots is not None:
+                self.free = [s for s in self.free if s not in slots]
+                self.queue.remove(entry)
+                ready.append((item, slots))
+                if blocked_head is not None:
+                    blocked_head[2] += 1
+            elif blocked_head is None:
+                blocked_head = entry
+        return ready
+
+    def head(self):
+        """The first queued entry ``[item, need, bypassed]``, or None."""
+        return self.queue[0] if self.queue else None
+
+    def release(self, slots: Iterable[int]) -> None:
+        self.free = sorted(set(self.free) | {s for s in slots if s in self.world_of})

@@ -1,0 +1,188 @@
+"""One rank of a pool world: ``python -m hetflow.executors._pool_worker ADDRESS WORLD STATEDIR``.
+
+Started once per rank by ``mpiexec -n N`` (or srun); it connects to the pool's
+ZeroMQ ROUTER, registers, then runs tasks until told to exit. Each task names the
+world ranks it runs on; the rank builds (and caches) a communicator over exactly
+those ranks with ``Create_group`` (collective over the group only, so disjoint
+tasks never wait on each other) and runs the shared :func:`run_on_rank` on it.
+
+A second thread answers heartbeats and obeys "kill" orders: a rank stuck in a
+collective (walltime, cancel, a dead peer) cannot be interrupted inside MPI, so
+the pool ends the process and replaces it. Blocking receives everywhere: an idle
+rank uses no CPU.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+
+#: Exit code of a rank the pool stopped on purpose (walltime, cancel, stuck peer).
+KILLED_EXIT = 86
+
+
+def gpu_devices(local_rank: int, gpus: int, gpus_per_rank: int) -> str:
+    """CUDA_VISIBLE_DEVICES for a rank: a disjoint block of ``gpus_per_rank`` devices.
+
+    Ranks on one node share its ``gpus`` round-robin by block; "" when the rank gets none.
+    """
+    if gpus <= 0 or gpus_per_rank <= 0:
+        return ""
+    blocks = max(1, gpus // gpus_per_rank)
+    first = (local_rank % blocks) * gpus_per_rank
+    return ",".join(str(d) for d in range(first, first + gpus_per_rank))
+
+
+def _local_rank() -> int:
+    from hetflow.executors._rank import local_rank
+    return local_rank()
+
+
+def _bind(local_rank: int) -> None:
+    """Pin to a core and bind GPUs before anything (CUDA, OpenMP) reads the environment."""
+    gpus = int(os.environ.get("HETFLOW_POOL_GPUS", "0") or 0)
+    per_rank = int(os.environ.get("HETFLOW_POOL_GPUS_PER_RANK", "0") or 0)
+    devices = gpu_devices(local_rank, gpus, per_rank)
+    if devices:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    elif gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    cores = os.environ.get("HETFLOW_POOL_CORES", "")
+    if cores and hasattr(os, "sched_setaffinity"):
+        try:
+            allowed = sorted(os.sched_getaffinity(0))
+            wanted = [int(c) for c in cores.split(",") if c != ""]
+            core = wanted[local_rank % len(wanted)] if wanted else None
+            if core is not None and core in allowed:
+                os.sched_setaffinity(0, {core})
+        except (OSError, ValueError):
+            pass  # pinning is an optimisation; never a reason not to start
+
+
+def _parent_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _control_loop(ctx, address: str, identity: bytes, real_exit, heartbeat_s: float,
+                  orphan_s: float, client_pid: int) -> None:
+    """Heartbeats out, kill orders in; exit when the client is gone (no orphans)."""
+    import zmq
+
+    ctrl = ctx.socket(zmq.DEALER)
+    ctrl.setsockopt(zmq.IDENTITY, identity + b".c")
+    ctrl.setsockopt(zmq.LINGER, 0)
+    ctrl.connect(address)
+    last_ack = time.monotonic()
+    next_beat = 0.0
+    while True:
+        now = time.monotonic()
+        if now >= next_beat:          # one heartbeat per interval, however fast acks come
+            ctrl.send(b"H")
+            next_beat = now + heartbeat_s
+        if ctrl.poll(max(1, int((next_beat - now) * 1000))):
+            msg = ctrl.recv()
+            if msg == b"K":
+                sys.stdout.flush()
+                sys.stderr.flush()
+                real_exit(KILLED_EXIT)
+            last_ack = time.monotonic()
+        if client_pid and not _parent_alive(client_pid):
+            real_exit(KILLED_EXIT)
+        if time.monotonic() - last_ack > orphan_s:
+            real_exit(KILLED_EXIT)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    address, world_id, statedir = argv[0], int(argv[1]), argv[2]
+    _bind(_local_rank())
+    for entry in reversed(os.environ.get("HETFLOW_POOL_SYSPATH", "").split(os.pathsep)):
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
+
+    import zmq
+    from mpi4py import MPI
+
+    from hetflow import resident
+    from hetflow.executors._rank import record_deaths, run_on_rank
+
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    real_exit = os._exit
+    os.makedirs(statedir, exist_ok=True)
+    record_deaths(statedir, rank)          # evidence if a task kills this process
+    resident._set_pool(os.environ.get("HETFLOW_POOL_UID", "pool"))
+
+    ctx = zmq.Context()
+    identity = f"{world_id}.{rank}".encode()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, identity)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    client_pid = int(os.environ.get("HETFLOW_POOL_CLIENT_PID", "0") or 0)
+    if os.environ.get("HETFLOW_POOL_CLIENT_HOST") != socket.gethostname():
+        client_pid = 0   # another node: rely on heartbeat acknowledgements instead
+    threading.Thread(target=_control_loop, name="pool-control", daemon=True,
+                     args=(ctx, address, identity, real_exit,
+                           float(os.environ.get("HETFLOW_POOL_HEARTBEAT", "1.0")),
+                           float(os.environ.get("HETFLOW_POOL_ORPHAN", "30")), client_pid)).start()
+    sock.send_multipart([b"R", pickle.dumps({
+        "world": world_id, "rank": rank, "size": world.Get_size(), "pid": os.getpid(),
+        "host": socket.gethostname()})])
+
+    comms = {}   # world ranks (ordered) -> communicator; cache policy decided by the client
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        kind = frames[0].bytes
+        if kind == b"X":
+            break
+        if kind == b"D":                    # drop a kept object (hetflow.resident.release)
+            resident._drop(frames[1].bytes.decode())
+            continue
+        if kind != b"T":
+            continue
+        task_id, ranks, slots, cache, cores_per_rank = pickle.loads(frames[1].bytes)
+        comm = comms.get(ranks)
+        if comm is None:
+            if len(ranks) == 1:
+                comm = MPI.COMM_SELF
+            else:
+                group = world.group.Incl(list(ranks))
+                comm = world.Create_group(group)
+                group.Free()
+            if cache:
+                comms[ranks] = comm
+        os.environ["OMP_NUM_THREADS"] = str(cores_per_rank)
+        resident._enter_task(task_id, slots, slots[ranks.index(rank)], comm)
+        try:
+            outcome = run_on_rank(frames[2].buffer, comm)
+        finally:
+            resident._leave_task()
+        if not cache and comm is not MPI.COMM_SELF:
+            comm.Free()
+        # The value is already pickled: send it as its own frame rather than pickle it again.
+        value, outcome.value = outcome.value, b""
+        sock.send_multipart([b"O", task_id.to_bytes(8, "little"),
+                             pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL), value],
+                            copy=len(value) < 65536)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip MPI_Finalize: it may wait on peers that died; the launcher reaps us either way.
+    real_exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the importable module so outcomes pickle as hetflow.executors._rank.*
+    from hetflow.executors import _pool_worker
+
+    sys.exit(_pool_worker.main())

@@ -1,0 +1,220 @@
+"""Benchmark: hetflow's engine on R ranks vs single-process pyarrow, polars and duckdb.
+
+    python -m experiments.bench_engine [--rows 5000000] [--ranks 2] [--repeats 5]
+
+Data: two tables (left, right) of ``--rows`` rows each, two int64 columns, keys uniform in
+[0, 0.9 * rows) (the Radical-Cylon paper's data), built by :func:`hetflow.frame.generate` on the
+ranks and rebuilt identically here for the single-process peers. Ops: inner join on ``key``, and
+sort of the left table by ``key``. hetflow is timed as the paper does (``barrier; t0; op;
+barrier; t1``, slowest rank), each op in its own ``mpiexec`` launch so the peak RSS of each rank
+can be attributed to one op; peers are timed in this process with their default thread pools.
+Prints median and min seconds over repeats, the ratio to polars, and each rank's peak RSS against
+its input partition. Never fails on a time: this machine is shared and the numbers are noisy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SEEDS = {"left": 1, "right": 2}
+
+
+def _rss_mib() -> float:
+    """Current resident set size (MiB)."""
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+# -- the ranks' side ------------------------------------------------------------------------
+def worker(args) -> None:
+    from mpi4py import MPI
+
+    from hetflow import frame
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    base_rss = _rss_mib()
+    per_rank = args.rows // size
+    left = frame.generate(comm, per_rank, unique=args.unique, seed=SEEDS["left"])
+    tables = [left]
+    if args.op == "join":
+        tables.append(frame.generate(comm, per_rank, unique=args.unique, seed=SEEDS["right"]))
+    part_mib = sum(t.local.nbytes for t in tables) / 2**20
+    data_rss = _rss_mib()
+    times, cpu, rows, backend = [], [], 0, ""
+    for _ in range(args.repeats):
+        comm.Barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        if args.op == "join":
+            out = frame.join(left, tables[1], on="key")
+        else:
+            out = frame.sort(left, "key")
+        cpu.append(time.process_time() - c0)
+        comm.Barrier()
+        times.append(time.perf_counter() - t0)
+        rows, backend = out.num_rows(), out.backend
+        del out
+    slowest = [max(ts) for ts in zip(*comm.allgather(times))]
+    cpu_all = [sum(cs) for cs in zip(*comm.allgather(cpu))]  # CPU seconds of all ranks
+    mem = comm.gather({"rank": rank, "base_rss_mib": base_rss, "data_rss_mib": data_rss,
+                       "peak_rss_mib": _peak_rss_mib(), "partition_mib": part_mib})
+    if rank == 0:
+        with open(args.out, "w") as fh:
+            json.dump({"times": slowest, "cpu": cpu_all, "rows_out": rows, "memory": mem, "backend": backend,
+                       "ranks": size}, fh)
+
+
+# -- single-process peers -------------------------------------------------------------------
+def _tables(rows: int, ranks: int, unique: float):
+    import pyarrow as pa
+
+    from hetflow.frame._table import synthetic_partition
+
+    per_rank = rows // ranks
+    return {name: pa.concat_tables([synthetic_partition(r, ranks, per_rank, unique=unique,
+                                                        seed=seed) for r in range(ranks)])
+            .combine_chunks() for name, seed in SEEDS.items()}
+
+
+def _time(fn, repeats):
+    times, cpu, out = [], [], None
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+        n = out.num_rows if hasattr(out, "num_rows") else len(out)
+        del out
+    return times, n, cpu
+
+
+def _duckdb_arrow(con, sql: str):
+    """Run ``sql`` and materialise the result as a pyarrow.Table (duckdb 1.x and 2.x names)."""
+    result = con.sql(sql)
+    fetch = getattr(result, "to_arrow_table", None) or result.arrow
+    return fetch()
+
+
+def peers(rows: int, ranks: int, unique: float, repeats: int):
+    import duckdb
+    import polars as pl
+
+    data = _tables(rows, ranks, unique)
+    left, right = data["left"], data["right"]
+    pl_left, pl_right = pl.from_arrow(left), pl.from_arrow(right)
+    con = duckdb.connect()
+    con.register("l", left)
+    con.register("r", right)
+    results = {}
+    results[("join", "pyarrow")] = _time(
+        lambda: left.join(right, "key", join_type="inner", left_suffix="_x", right_suffix="_y"),
+        repeats)
+    results[("join", "polars")] = _time(lambda: pl_left.join(pl_right, on="key"), repeats)
+    results[("join", "duckdb")] = _time(
+        lambda: _duckdb_arrow(con, "SELECT l.key, l.value AS value_x, r.value AS value_y "
+                                   "FROM l JOIN r ON l.key = r.key"), repeats)
+    results[("sort", "pyarrow")] = _time(lambda: left.sort_by("key"), repeats)
+    results[("sort", "polars")] = _time(lambda: pl_left.sort("key"), repeats)
+    results[("sort", "duckdb")] = _time(
+        lambda: _duckdb_arrow(con, "SELECT * FROM l ORDER BY key"), repeats)
+    con.close()
+    return results, left.nbytes + right.nbytes
+
+
+def _mpiexec() -> str:
+    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return local if os.path.exists(local) else "mpiexec"
+
+
+def hetflow_run(op: str, args) -> dict:
+    with tempfile.TemporaryDirectory(prefix="hetflow-bench-") as tmp:
+        out = os.path.join(tmp, "result.json")
+        cmd = [_mpiexec(), "-n", str(args.ranks), sys.executable, "-m", "experiments.bench_engine",
+               "--worker", "--op", op, "--rows", str(args.rows), "--unique", str(args.unique),
+               "--repeats", str(args.repeats), "--out", out]
+        subprocess.run(cmd, check=True, timeout=args.timeout)
+        with open(out) as fh:
+            return json.load(fh)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=5_000_000, help="rows per table (all ranks)")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--unique", type=float, default=0.9)
+    ap.add_argument("--timeout", type=float, default=900, help="per mpiexec launch (s)")
+    ap.add_argument("--json", help="also write the measurements here")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--op", choices=["join", "sort"], help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+
+    print(f"hetflow engine benchmark: 2 tables x {args.rows:,} rows (int64 key, value), "
+          f"unique={args.unique}, {args.ranks} ranks, {args.repeats} repeats, "
+          f"{os.cpu_count()} cores; numbers on a shared machine are noisy", flush=True)
+    het = {op: hetflow_run(op, args) for op in ("join", "sort")}
+    peer, _ = peers(args.rows, args.ranks, args.unique, args.repeats)
+
+    rows = []
+    for op in ("join", "sort"):
+        polars_med = statistics.median(peer[(op, "polars")][0])
+        polars_min = min(peer[(op, "polars")][0])
+        polars_cpu = statistics.median(peer[(op, "polars")][2])
+        entries = [(f"hetflow {args.ranks} ranks ({het[op]['backend']})", het[op]["times"],
+                    het[op]["rows_out"], het[op]["cpu"])]
+        entries += [(f"{name} (1 process)", *peer[(op, name)])
+                    for name in ("polars", "pyarrow", "duckdb")]
+        for name, times, n, cpu in entries:
+            med, cmed = statistics.median(times), statistics.median(cpu)
+            rows.append({"op": op, "engine": name, "median_s": med, "min_s": min(times),
+                         "rows_out": n, "vs_polars": med / polars_med,
+                         "min_vs_polars": min(times) / polars_min, "cpu_s": cmed,
+                         "cpu_vs_polars": cmed / polars_cpu})
+    print()
+    print(f"{'op':<5} {'engine':<28} {'median s':>9} {'min s':>8} {'rows out':>11} "
+          f"{'x polars':>9} {'min x':>6} {'cpu s':>7} {'cpu x':>6}")
+    for r in rows:
+        print(f"{r['op']:<5} {r['engine']:<28} {r['median_s']:>9.3f} {r['min_s']:>8.3f} "
+              f"{r['rows_out']:>11,} {r['vs_polars']:>9.2f} {r['min_vs_polars']:>6.2f} "
+              f"{r['cpu_s']:>7.3f} {r['cpu_vs_polars']:>6.2f}")
+    print("x polars: median wall time / polars' median; min x: best / polars' best; cpu s: CPU "
+          "seconds of all ranks or threads (median), a measure of work that load does not inflate")
+    print()
+    print("peak memory per rank (input partition = the rank's share of the tables the op reads)")
+    print(f"{'op':<5} {'rank':>4} {'partition MiB':>14} {'base RSS':>9} {'peak RSS':>9} "
+          f"{'peak/part':>10} {'(peak-base)/part':>17}")
+    for op in ("join", "sort"):
+        for m in het[op]["memory"]:
+            print(f"{op:<5} {m['rank']:>4} {m['partition_mib']:>14.1f} {m['base_rss_mib']:>9.1f} "
+                  f"{m['peak_rss_mib']:>9.1f} {m['peak_rss_mib'] / m['partition_mib']:>10.2f} "
+                  f"{(m['peak_rss_mib'] - m['base_rss_mib']) / m['partition_mib']:>17.2f}")
+    print("\nbase RSS = interpreter + pyarrow + mpi4py before any data; targets: join <= 1.0x "
+          "polars, sort <= 1.5x polars, (peak-base)/partition < 3")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"args": vars(args), "results": rows,
+                       "memory": {op: het[op]["memory"] for op in het},
+                       "host": {"cores": os.cpu_count(), "python": platform.python_version(),
+                                "machine": platform.machine()}}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""``hetflow bench`` / ``python -m experiments``: run named experiments, write results and a report.
+
+    hetflow bench weak [--quick] [--repeats N] [--rows 1e6,2e6] [--executors mpirun,pool] [--out DIR]
+    hetflow bench all --out experiments/results        # every experiment, one report
+    hetflow bench report DIR/results.jsonl             # the report again, from the results alone
+    hetflow bench list                                 # the experiments and what they measure
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import sys
+import time
+from typing import List, Optional
+
+from hetflow.errors import ConfigError
+
+RESULTS_NAME = "results.jsonl"
+#: The order ``all`` runs the experiments in (and the report lists them in).
+ORDER = ("weak", "strong", "overhead", "pilot", "peers")
+
+
+def _split(text: Optional[str]) -> Optional[List[str]]:
+    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def build_parser(prog: str = "hetflow bench") -> argparse.ArgumentParser:
+    from experiments.config import experiment_names
+
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Run the Radical-Cylon reproduction experiments and write a report.")
+    parser.add_argument("experiment", help=f"one of {experiment_names()}, 'all', 'list', "
+                        "'report RESULTS', or a path to a .toml config")
+    parser.add_argument("results", nargs="?", help="(with 'report') the results file to report on")
+    parser.add_argument("--quick", action="store_true",
+                        help="the ~1-minute smoke version (the config's [quick] table)")
+    parser.add_argument("--repeats", type=int, help="repeats per measurement")
+    parser.add_argument("--iterations", type=int, help="op iterations per task (paper: 10)")
+    parser.add_argument("--rows", help="comma-separated row counts (per rank or total, as the "
+                        "experiment reads them), e.g. 1e6,2_000_000")
+    parser.add_argument("--ranks", help="comma-separated rank counts, e.g. 1,2,4")
+    parser.add_argument("--executors", help="comma-separated runtimes, e.g. mpirun,pool "
+                        "(not installed ones are skipped and reported)")
+    parser.add_argument("--out", help="output directory (default ./hetflow-bench-<time>); the "
+                        f"results append to OUT/{RESULTS_NAME}, the report is OUT/report.md")
+    parser.add_argument("--no-plots", action="store_true", help="tables only")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None, prog: str = "hetflow bench") -> int:
+    from experiments import config as configs
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(prog).parse_args(argv)
+    try:
+        if args.experiment == "list":
+            for name in configs.experiment_names():
+                cfg = configs.load(name)
+                print(f"{name:10s} {cfg.description}")
+            return 0
+        if args.experiment == "report":
+            if not args.results:
+                raise ConfigError("usage: hetflow bench report RESULTS [--out DIR]")
+            from experiments.report import write_report
+
+            print(write_report(args.results, args.out, plots=not args.no_plots))
+            return 0
+        if args.results:
+            raise ConfigError(f"unexpected argument {args.results!r} (only 'report' takes a file)")
+        names = configs.experiment_names() if args.experiment == "all" else [args.experiment]
+        if args.experiment == "all":
+            names = [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]
+        overrides = dict(repeats=args.repeats, iterations=args.iterations,
+                         rows=configs.parse_ints(args.rows), ranks=configs.parse_ints(args.ranks),
+                         executors=_split(args.executors))
+        cfgs = [configs.load(n, quick=args.quick).replace(**overrides) for n in names]
+    except ConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    from experiments.report import write_report
+    from experiments.runner import Recorder, run_experiment
+
+    out = args.out or f"hetflow-bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    os.makedirs(out, exist_ok=True)
+    results = os.path.join(out, RESULTS_NAME)
+    rec = Recorder(results)
+    command = [prog.split()[0]] + prog.split()[1:] + argv
+    t0 = time.perf_counter()
+    # SIGTERM unwinds like Ctrl-C, so every started runtime shuts down and no launcher,
+    # pilot or pool rank outlives the command.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        for cfg in cfgs:
+            run_experiment(cfg, rec, argv=[shlex.quote(a) for a in command])
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; results so far: {results}", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    report = write_report(results, out, plots=not args.no_plots)
+    print(f"{len(cfgs)} experiment(s) in {time.perf_counter() - t0:.0f} s; results: {results}; "
+          f"report: {report}")
+    return 0

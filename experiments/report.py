@@ -1,0 +1,469 @@
+"""Turn a results file (JSON Lines, see ``runner``) into a Markdown report and PNG plots.
+
+Everything comes from the results file alone, so ``hetflow bench report RESULTS``
+regenerates the report of any past run. Numbers are the median over repeats with
+the spread written ``[min–max]`` and the count ``n``; an executor that was not
+installed or failed is listed, never dropped silently.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections import defaultdict
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+ORDER = ("weak", "strong", "overhead", "pilot", "peers")
+#: Paper figures quoted next to ours.
+PAPER = {
+    "weak": "paper: 35 M rows per rank, up to thousands of ranks on Rivanna/Summit",
+    "strong": "paper: 3.5 B rows in total",
+    "pilot": "paper: the pilot ran the join+sort pair 4–15% faster than separate batch jobs",
+}
+
+
+# --------------------------------------------------------------------------- loading
+def load_rows(path: str) -> List[dict]:
+    """Every row of a results file (blank lines ignored)."""
+    rows = []
+    with open(path) as fh:
+        for n, line in enumerate(fh, 1):
+            line = line.strip()
+            if line:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{n}: not a JSON line ({exc})") from exc
+    return rows
+
+
+def latest_runs(rows: Sequence[dict]) -> Dict[str, List[dict]]:
+    """Experiment -> the rows of its latest run in the file (a file may hold several runs)."""
+    last: Dict[str, str] = {}
+    for r in rows:
+        if r.get("kind") == "run":
+            last[r["experiment"]] = r["run_id"]
+    out: Dict[str, List[dict]] = defaultdict(list)
+    for r in rows:
+        if last.get(r.get("experiment")) == r.get("run_id"):
+            out[r["experiment"]].append(r)
+    return dict(out)
+
+
+# --------------------------------------------------------------------------- numbers
+def _values(rows: Iterable[dict], field: str) -> List[float]:
+    out = []
+    for r in rows:
+        v = r.get(field)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out.append(float(v))
+    return out
+
+
+def median(rows, field) -> Optional[float]:
+    vals = _values(rows, field)
+    return statistics.median(vals) if vals else None
+
+
+def fmt(v: Optional[float], digits: int = 3) -> str:
+    """Seconds (or any number) to 3 significant digits; '–' when there is none."""
+    if v is None:
+        return "–"
+    if v == 0:
+        return "0"
+    mag = abs(v)
+    if mag >= 100:
+        return f"{v:,.0f}"
+    return f"{v:.{max(0, digits - 1 - int(math.floor(math.log10(mag))))}f}"
+
+
+def stat(rows, field) -> str:
+    """``median [min–max]`` over the rows that have ``field``."""
+    vals = _values(rows, field)
+    if not vals:
+        return "–"
+    med = statistics.median(vals)
+    if len(vals) == 1:
+        return fmt(med)
+    return f"{fmt(med)} [{fmt(min(vals))}–{fmt(max(vals))}]"
+
+
+def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> List[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
+    return lines + [""]
+
+
+def _ranks_label(ranks: int, oversubscribed: bool) -> str:
+    return f"{ranks}†" if oversubscribed else str(ranks)
+
+
+def _group(rows, *keys) -> Dict[tuple, List[dict]]:
+    out: Dict[tuple, List[dict]] = defaultdict(list)
+    for r in rows:
+        out[tuple(r.get(k) for k in keys)].append(r)
+    return out
+
+
+def _executors_in(rows, run_row) -> List[str]:
+    """Executors in the config's order, then any others seen (peers, bare mpiexec)."""
+    seen = []
+    for e in (run_row.get("config", {}).get("executors") or []):
+        if e not in seen:
+            seen.append(e)
+    for r in rows:
+        e = r.get("executor")
+        if e and e not in seen:
+            seen.append(e)
+    return seen
+
+
+# --------------------------------------------------------------------------- sections
+def _header(run: dict, rows: List[dict]) -> List[str]:
+    cfg = run.get("config", {})
+    out = [f"## {cfg.get('name', run['experiment'])}: {cfg.get('description', '')}".rstrip(": "), ""]
+    rows_txt = ", ".join(f"{r:,}" for r in cfg.get("rows", []))
+    unit = "rows per rank" if cfg.get("rows_mode") == "per_rank" else "rows in total"
+    out.append(f"Run `{run['run_id']}`: ranks {cfg.get('ranks')}, {rows_txt} {unit}, "
+               f"{cfg.get('iterations')} iteration(s) per task, {cfg.get('repeats')} repeat(s); "
+               f"executors {cfg.get('executors')}.")
+    if cfg.get("scale_factor"):
+        out.append(f"Scale: {cfg['paper_rows']:,} rows in the paper → {max(cfg['rows']):,} here, "
+                   f"**{cfg['scale_factor']:,.0f}× smaller** (this machine: {run.get('cores')} "
+                   f"cores, {run.get('host', {}).get('mem_gib')} GiB).")
+    if run["experiment"] in PAPER:
+        out.append(f"({PAPER[run['experiment']]}.)")
+    out.append("")
+    for r in rows:
+        if r.get("kind") == "skipped":
+            out.append(f"- **{r['executor']}: skipped** — {r['reason']}")
+    errors = _group([r for r in rows if r.get("kind") == "error"], "executor", "stage")
+    for (executor, stage), errs in errors.items():
+        out.append(f"- **{executor}: {len(errs)} error(s) at {stage}** — {errs[0]['error']}")
+    if out[-1] != "":
+        out.append("")
+    return out
+
+
+def _sessions(rows) -> List[str]:
+    sessions = [r for r in rows if r.get("kind") == "session"]
+    if not sessions:
+        return []
+    body = [[r["executor"], r.get("max_ranks", ""), fmt(r["startup_s"]), fmt(r["shutdown_s"])]
+            for r in sessions]
+    return ["Runtime sessions (seconds):", ""] + _table(
+        ["Executor", "Rank slots", "Start-up (s)", "Shut-down (s)"], body)
+
+
+def _scaling(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
+    tasks = [r for r in rows if r.get("kind") == "task"]
+    strong = run["experiment"] == "strong" or run.get("config", {}).get("kind") == "strong"
+    execs = _executors_in(tasks, run)
+    body = []
+    for (executor, op, ranks, rows_n), grp in sorted(
+            _group(tasks, "executor", "op", "ranks", "rows").items(),
+            key=lambda kv: (execs.index(kv[0][0]), kv[0][1], kv[0][3], kv[0][2])):
+        base = median([r for r in tasks if r["executor"] == executor and r["op"] == op
+                       and r["ranks"] == 1 and (strong or r["rows_per_rank"] == grp[0]["rows_per_rank"])
+                       and (not strong or r["rows"] == rows_n)], "op_mean_s")
+        mine = median(grp, "op_mean_s")
+        if base and mine:
+            ratio = base / mine if strong else base / mine
+            ratio_txt = f"{ratio:.2f}"
+        else:
+            ratio_txt = "–"
+        body.append([executor, op, _ranks_label(ranks, grp[0].get("oversubscribed")),
+                     f"{grp[0]['rows_per_rank']:,}", f"{rows_n:,}", stat(grp, "op_mean_s"),
+                     ratio_txt, stat(grp, "gen_s"), stat(grp, "total_s"),
+                     fmt(median(grp, "peak_rss_mb")), len(grp)])
+    ratio_name = "Speed-up vs 1 rank" if strong else "Efficiency vs 1 rank"
+    lines = _table(["Executor", "Op", "Ranks", "Rows/rank", "Rows total", "Op time (s)", ratio_name,
+                    "Data gen (s)", "Total (s)", "Peak RSS/rank (MiB)", "n"], body)
+    lines += ["Op time: one iteration of the op (`barrier; t0; op; barrier; t1`), mean over ranks, "
+              "mean over iterations; median [min–max] over repeats. Total: from submitting the task "
+              "to its result (runtime launch, engine import, data generation, all iterations). "
+              + ("Speed-up: 1-rank op time / this op time (ideal = ranks). " if strong else
+                 "Efficiency: 1-rank op time / this op time (ideal = 1.0; weak scaling). ")
+              + "† more ranks than cores (oversubscribed): not a scaling point, a stress point.", ""]
+    pngs = _plot_scaling(tasks, execs, out_dir, stem, strong)
+    return lines, pngs
+
+
+def _overhead(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
+    tasks = [r for r in rows if r.get("kind") == "task"]
+    execs = _executors_in(tasks, run)
+    baseline = run.get("config", {}).get("baseline", "mpirun")
+    body = []
+    for (executor, op, ranks, per_rank), grp in sorted(
+            _group(tasks, "executor", "op", "ranks", "rows_per_rank").items(),
+            key=lambda kv: (kv[0][1], kv[0][3], kv[0][2], execs.index(kv[0][0]))):
+        base = median([r for r in tasks if r["executor"] == baseline and r["op"] == op
+                       and r["ranks"] == ranks and r["rows_per_rank"] == per_rank], "overhead_s")
+        mine = median(grp, "overhead_s")
+        ratio = f"{mine / base:.3f}" if base and mine is not None else "–"
+        body.append([op, f"{per_rank:,}", _ranks_label(ranks, grp[0].get("oversubscribed")),
+                     executor, stat(grp, "total_s"), stat(grp, "function_s"),
+                     stat(grp, "setup_s"), stat(grp, "overhead_s"), stat(grp, "queue_s"), stat(grp, "launch_s"),
+                     stat(grp, "return_s"), ratio, len(grp)])
+    lines = _table(["Op", "Rows/rank", "Ranks", "Executor", "Total (s)", "Function (s)",
+                    "of which set-up (s)", "Overhead (s)", "Queue (s)", "Launch (s)", "Return (s)",
+                    f"Overhead / {baseline}", "n"], body)
+    lines += ["Total: submit → result on the client. Function: rank 0 inside the task function "
+              "(engine import, data generation, all iterations); its set-up part is the engine's "
+              "import and first use, paid by every task of a launch-per-task runtime but only by "
+              "the first task on a warm pool's ranks. Overhead = Total − Function: "
+              "Queue (submitted → launched), Launch (launched → function started: process start, "
+              "interpreter, MPI init, unpickling), Return (function end → result on the client). "
+              f"`{baseline}` is hetflow's one-`mpiexec`-per-task executor; `mpiexec` is the bare "
+              "launcher with no hetflow runtime at all (its Launch includes everything before "
+              "the function). median [min–max] over tasks × repeats.", ""]
+    return lines, _plot_overhead(tasks, execs, out_dir, stem)
+
+
+def _pilot(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
+    spans = [r for r in rows if r.get("kind") == "makespan"]
+    execs = _executors_in(spans, run)
+    baseline = run.get("config", {}).get("baseline", "mpirun")
+    body = []
+    for (scenario, executor), grp in sorted(
+            _group(spans, "scenario", "executor").items(),
+            key=lambda kv: (kv[0][0] != "pair", execs.index(kv[0][1]))):
+        base = median([r for r in spans if r["scenario"] == scenario and r["executor"] == baseline],
+                      "makespan_s")
+        mine = median(grp, "makespan_s")
+        gain = f"{100 * (base - mine) / base:+.1f}%" if base and mine is not None else "–"
+        with_start = [dict(r, total=r["makespan_s"] + r["startup_s"]) for r in grp]
+        body.append([scenario, grp[0]["tasks"], executor, stat(grp, "makespan_s"), gain,
+                     stat(with_start, "total"), stat(grp, "function_sum_s"),
+                     stat(grp, "launch_return_sum_s"), len(grp)])
+    lines = _table(["Scenario", "Tasks", "Executor", "Makespan (s)", f"Faster than {baseline}",
+                    "Makespan + start-up (s)", "Σ function (s)", "Σ launch + return (s)", "n"], body)
+    spec = {}
+    for r in spans:
+        spec.setdefault(r["scenario"], r.get("tasks_spec"))
+    lines += [f"Batch = `{baseline}`: every task is its own `mpiexec` launch (the batch-job model); "
+              "pilot = the tasks run inside one already-started runtime. All tasks of a scenario are "
+              "submitted at once; makespan: first submit → last result. Faster: (batch − this) / "
+              "batch on the makespan median (positive = faster than batch). Start-up (runtime "
+              "session) is paid once per allocation, so it is shown separately.", ""]
+    for scenario, tasks in spec.items():
+        if tasks:
+            lines.append(f"- {scenario}: " + ", ".join(f"{op}×{ranks} ranks×{rows:,} rows/rank"
+                                                      for op, ranks, rows in tasks))
+    lines.append("")
+    return lines, _plot_pilot(spans, execs, out_dir, stem)
+
+
+def _peers(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
+    tasks = [r for r in rows if r.get("kind") == "task"]
+    execs = _executors_in(tasks, run)
+    hetflow_execs = set(run.get("config", {}).get("executors") or [])
+    body = []
+    for (rows_n, op), grp_all in sorted(_group(tasks, "rows", "op").items()):
+        best = min((median(g, "op_mean_s") for g in _group(grp_all, "executor", "ranks").values()
+                    if median(g, "op_mean_s") is not None), default=None)
+        for (executor, ranks), grp in sorted(_group(grp_all, "executor", "ranks").items(),
+                                             key=lambda kv: (execs.index(kv[0][0]), kv[0][1])):
+            name = f"hetflow ({executor})" if executor in hetflow_execs else executor
+            mine = median(grp, "op_mean_s")
+            ratio = f"{mine / best:.2f}" if best and mine is not None else "–"
+            outs = sorted({r.get("rows_out") for r in grp})
+            body.append([f"{rows_n:,}", op, name, _ranks_label(ranks, grp[0].get("oversubscribed")),
+                         stat(grp, "op_mean_s"), ratio, fmt(median(grp, "peak_rss_mb")),
+                         ", ".join(f"{o:,}" for o in outs if o is not None), len(grp)])
+    lines = _table(["Rows (each table)", "Op", "Engine", "Ranks / processes", "Op time (s)",
+                    "× fastest", "Peak RSS (MiB, per rank)", "Rows out", "n"], body)
+    lines += ["Peers run alone in one process on the Parquet partitions the largest hetflow run "
+              "generated (same rows, same keys); polars and duckdb use every core they see. Op "
+              "time excludes loading. Rows out agree across engines when the data is the same "
+              "(hetflow at fewer ranks draws different, equally distributed, data).", ""]
+    return lines, _plot_peers(tasks, execs, out_dir, stem, hetflow_execs)
+
+
+SECTIONS = {"weak": _scaling, "strong": _scaling, "overhead": _overhead, "pilot": _pilot,
+            "peers": _peers}
+
+
+# --------------------------------------------------------------------------- plots
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _spread(rows, field) -> Tuple[float, float, float]:
+    vals = _values(rows, field)
+    med = statistics.median(vals)
+    return med, med - min(vals), max(vals) - med
+
+
+def _plot_scaling(tasks, execs, out_dir, stem, strong) -> List[str]:
+    if out_dir is None or not tasks:
+        return []
+    plt = _plt()
+    ops = sorted({r["op"] for r in tasks})
+    fig, axes = plt.subplots(2, len(ops), figsize=(5 * len(ops), 7), squeeze=False)
+    for col, op in enumerate(ops):
+        for row, (field, label) in enumerate((("op_mean_s", "op time per iteration (s)"),
+                                              ("total_s", "task total (s)"))):
+            ax = axes[row][col]
+            for executor in execs:
+                pts = _group([r for r in tasks if r["executor"] == executor and r["op"] == op
+                              and _values([r], field)], "ranks")
+                if not pts:
+                    continue
+                xs = sorted(pts)
+                stats = [_spread(pts[x], field) for x in xs]
+                ax.errorbar([x[0] for x in xs], [s[0] for s in stats],
+                            yerr=[[s[1] for s in stats], [s[2] for s in stats]], marker="o",
+                            capsize=3, label=executor)
+            over = sorted({r["ranks"] for r in tasks if r.get("oversubscribed")})
+            for x in over:
+                ax.axvspan(x - 0.3, x + 0.3, color="0.9", zorder=0)
+            ax.set_xscale("log", base=2)
+            ticks = sorted({r["ranks"] for r in tasks})
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.minorticks_off()
+            ax.set_xlabel("ranks" + (" (shaded: oversubscribed)" if over else ""))
+            ax.set_ylabel(label)
+            ax.set_title(f"{'strong' if strong else 'weak'} scaling: {op}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    return [_save(fig, plt, out_dir, f"{stem}.png")]
+
+
+def _plot_overhead(tasks, execs, out_dir, stem) -> List[str]:
+    if out_dir is None or not tasks:
+        return []
+    plt = _plt()
+    sizes = sorted({(r["op"], r["rows_per_rank"], r["ranks"]) for r in tasks})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes), 4), squeeze=False)
+    for ax, (op, per_rank, ranks) in zip(axes[0], sizes):
+        names, setup, work, ov = [], [], [], []
+        for executor in execs:
+            grp = [r for r in tasks if r["executor"] == executor and r["op"] == op
+                   and r["rows_per_rank"] == per_rank and r["ranks"] == ranks]
+            if grp and _values(grp, "function_s") and _values(grp, "overhead_s"):
+                names.append(executor)
+                fn = median(grp, "function_s")
+                setup.append(min(fn, median(grp, "setup_s") or 0.0))
+                work.append(fn - setup[-1])
+                ov.append(median(grp, "overhead_s"))
+        ax.bar(names, work, label="function: data + op")
+        ax.bar(names, setup, bottom=work, label="function: engine set-up")
+        ax.bar(names, ov, bottom=[a + b for a, b in zip(work, setup)], label="runtime overhead")
+        ax.set_title(f"{op}, {ranks} ranks × {per_rank:,} rows")
+        ax.set_ylabel("seconds (median)")
+        ax.tick_params(axis="x", rotation=30)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return [_save(fig, plt, out_dir, f"{stem}.png")]
+
+
+def _plot_pilot(spans, execs, out_dir, stem) -> List[str]:
+    if out_dir is None or not spans:
+        return []
+    plt = _plt()
+    scenarios = [s for s in ("pair", "campaign") if any(r["scenario"] == s for r in spans)]
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 4), squeeze=False)
+    for ax, scenario in zip(axes[0], scenarios):
+        names, meds, lo, hi, start = [], [], [], [], []
+        for executor in execs:
+            grp = [r for r in spans if r["scenario"] == scenario and r["executor"] == executor]
+            if grp:
+                m, a, b = _spread(grp, "makespan_s")
+                names.append(executor)
+                meds.append(m), lo.append(a), hi.append(b)
+                start.append(median(grp, "startup_s") or 0.0)
+        ax.bar(names, meds, yerr=[lo, hi], capsize=3, label="makespan")
+        ax.bar(names, start, bottom=meds, alpha=0.35, label="runtime start-up (once)")
+        ax.set_title(f"pilot vs batch: {scenario}")
+        ax.set_ylabel("seconds (median, min–max)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return [_save(fig, plt, out_dir, f"{stem}.png")]
+
+
+def _plot_peers(tasks, execs, out_dir, stem, hetflow_execs) -> List[str]:
+    if out_dir is None or not tasks:
+        return []
+    plt = _plt()
+    keys = sorted({(r["op"], r["rows"]) for r in tasks})
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 4), squeeze=False)
+    for ax, (op, rows_n) in zip(axes[0], keys):
+        names, meds = [], []
+        for (executor, ranks), grp in sorted(
+                _group([r for r in tasks if r["op"] == op and r["rows"] == rows_n],
+                       "executor", "ranks").items(),
+                key=lambda kv: (execs.index(kv[0][0]), kv[0][1])):
+            if _values(grp, "op_mean_s"):
+                names.append(f"{executor}\n{ranks} rank(s)" if executor in hetflow_execs else executor)
+                meds.append(median(grp, "op_mean_s"))
+        ax.bar(names, meds, color=["C0" if "rank" in n else "C1" for n in names])
+        ax.set_title(f"{op}, {rows_n:,} rows per table")
+        ax.set_ylabel("op time (s, median)")
+        ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    return [_save(fig, plt, out_dir, f"{stem}.png")]
+
+
+def _save(fig, plt, out_dir, name) -> str:
+    path = os.path.join(out_dir, name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return name
+
+
+# --------------------------------------------------------------------------- entry
+def write_report(results: str, out_dir: Optional[str] = None, *, plots: bool = True) -> str:
+    """Write ``report.md`` (and PNGs) next to ``results`` (or in ``out_dir``); its path."""
+    rows = load_rows(results)
+    runs = latest_runs(rows)
+    if not runs:
+        raise ValueError(f"{results}: no experiment runs in this file")
+    out_dir = out_dir or os.path.dirname(os.path.abspath(results))
+    if plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:  # tables still come out; say why the plots did not
+            plots = False
+            note = "Plots: not drawn (matplotlib is not installed: pip install 'hetflow[report]')."
+    note = "" if plots else locals().get("note", "Plots: not drawn (--no-plots).")
+    os.makedirs(out_dir, exist_ok=True)
+    first = next(r for r in rows if r.get("kind") == "run")
+    host, versions = first.get("host", {}), first.get("versions", {})
+    lines = ["# hetflow benchmark report: the Radical-Cylon experiments at this machine's scale", "",
+             f"Generated from `{os.path.basename(results)}` alone "
+             f"(regenerate: `hetflow bench report {os.path.basename(results)}`).", "",
+             f"Host: {host.get('hostname')}, {host.get('cpus')} CPUs, {host.get('mem_gib')} GiB, "
+             f"{host.get('platform')}, Python {host.get('python')}.", "",
+             "Libraries: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", "",
+             "Protocol (the paper's): per rank two int64 columns (key, value), keys uniform in "
+             "[0, 0.9 × total rows), seeded by the rank; each task runs `iterations` times "
+             "`barrier; t0; op; barrier; t1` and reports the mean over ranks per iteration, plus a "
+             "total covering set-up, data generation and all iterations.", ""]
+    if note:
+        lines += [note, ""]
+    commands = sorted({" ".join(r.get("argv") or []) for r in rows if r.get("kind") == "run"} - {""})
+    if commands:
+        lines += ["Produced by:", ""] + [f"    {c}" for c in commands] + [""]
+    for name in sorted(runs, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n)):
+        exp_rows = runs[name]
+        run = next(r for r in exp_rows if r.get("kind") == "run")
+        kind = run.get("config", {}).get("kind", name)
+        lines += _header(run, exp_rows)
+        section = SECTIONS.get(kind)
+        if section is not None:
+            body, pngs = section(run, exp_rows, out_dir if plots else None, name)
+            lines += body
+            lines += [f"![{name}]({png})" for png in pngs] + ([""] if pngs else [])
+        lines += _sessions(exp_rows)
+    path = os.path.join(out_dir, "report.md")
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines).rstrip() + "\n")
+    return path

@@ -1,0 +1,417 @@
+"""Run one experiment and append its measurements to a JSON Lines results file.
+
+Row kinds (field ``kind``): ``run`` (the command, config and scale of one
+invocation), ``session`` (a runtime's start-up and shut-down), ``task`` (one
+MPI task or peer run under the paper's protocol), ``makespan`` (a set of tasks
+submitted together), ``skipped`` (a runtime not installed) and ``error`` (a
+runtime or task that failed: the message, so the report can say what broke).
+Every row carries the experiment, executor, repeat, host and library versions.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Callable, List, Optional
+
+from experiments import protocol
+from experiments.config import ExperimentConfig
+from experiments.env import host_info, library_versions
+
+#: The executor name of the bare baseline: ``mpiexec -n R python ...`` with no hetflow runtime.
+BARE = "mpiexec"
+#: Seconds one task may take before it is recorded as an error (nothing may hang a report).
+TASK_TIMEOUT_S = 900.0
+
+
+class Recorder:
+    """Appends rows to the results file, stamping each with the run's shared fields."""
+
+    def __init__(self, path: str, run_id: Optional[str] = None):
+        self.path = path
+        self.run_id = run_id or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.rows = 0
+
+    def write(self, **row) -> dict:
+        row = {"run_id": self.run_id, "time": time.time(), **row,
+               "host": host_info(), "versions": library_versions()}
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(row, default=_jsonable) + "\n")
+        self.rows += 1
+        return row
+
+
+def _jsonable(value):
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
+
+
+class Progress:
+    """One status line per experiment: rewritten in place on a terminal, printed once otherwise."""
+
+    def __init__(self, experiment: str, total: int, stream=None):
+        self.experiment = experiment
+        self.total = max(total, 1)
+        self.done = 0
+        self.errors = 0
+        self.skipped = 0
+        self.stream = stream or sys.stderr
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+        self.t0 = time.perf_counter()
+        self.note = ""
+
+    def step(self, note: str = "", n: int = 1, error: bool = False, skipped: bool = False) -> None:
+        self.done = min(self.total, self.done + n)
+        self.errors += int(error)
+        self.skipped += n if skipped else 0
+        self.note = note
+        if self.tty:
+            self.stream.write("\r\033[K" + self._line())
+            self.stream.flush()
+
+    def _line(self) -> str:
+        width = 24
+        filled = int(width * self.done / self.total)
+        bar = "#" * filled + "." * (width - filled)
+        errors = f", {self.errors} error(s)" if self.errors else ""
+        errors += f", {self.skipped} not run" if self.skipped else ""
+        return (f"[{self.experiment}] {bar} {self.done}/{self.total} "
+                f"{time.perf_counter() - self.t0:6.1f}s{errors}  {self.note}")
+
+    def close(self) -> None:
+        self.note = "done"
+        self.stream.write(("\r\033[K" if self.tty else "") + self._line() + "\n")
+        self.stream.flush()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[0][:400] if text else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- sessions
+@contextlib.contextmanager
+def runtime_session(cfg: ExperimentConfig, name: str, rec: Recorder, max_ranks: int):
+    """Start runtime ``name`` for the block, recording start-up and shut-down times.
+
+    Yields None (after recording a row) when the runtime is not installed or
+    fails to start, so the experiment moves on to the next executor.
+    """
+    from hetflow.runtime import available_runtimes, runtime
+
+    if name not in available_runtimes():
+        rec.write(kind="skipped", experiment=cfg.name, executor=name,
+                  reason=f"runtime {name!r} is not installed "
+                         f"(installed: {sorted(available_runtimes())})")
+        yield None
+        return
+    options = {"max_ranks": max_ranks, **cfg.executor_options.get(name, {})}
+    t0 = time.perf_counter()
+    manager = runtime(name, **options)
+    try:
+        manager.__enter__()
+    except Exception as exc:  # noqa: BLE001 - a runtime that won't start is a result too
+        rec.write(kind="error", experiment=cfg.name, executor=name, stage="start",
+                  error=_first_line(exc))
+        yield None
+        return
+    startup_s = time.perf_counter() - t0
+    session = {"startup_s": startup_s}
+    try:
+        yield session
+    finally:
+        t1 = time.perf_counter()
+        try:
+            manager.__exit__(None, None, None)
+        except Exception as exc:  # noqa: BLE001
+            rec.write(kind="error", experiment=cfg.name, executor=name, stage="shutdown",
+                      error=_first_line(exc))
+        rec.write(kind="session", experiment=cfg.name, executor=name, max_ranks=max_ranks,
+                  options=options, startup_s=startup_s, shutdown_s=time.perf_counter() - t1)
+
+
+def _app(ranks: int):
+    import hetflow
+
+    return hetflow.mpi_app(protocol.cylon_task, ranks=ranks)
+
+
+def _task_row(cfg, executor, future, *, repeat, ranks, rows_per_rank, op, cores, **extra) -> dict:
+    """Fields of one finished task: its report plus the runtime's timestamps."""
+    import hetflow
+
+    report = future.result(timeout=0)
+    times = hetflow.task_times(future)
+    row = {**report, **dict(kind="task", experiment=cfg.name, executor=executor, op=op,
+                            ranks=ranks, rows_per_rank=rows_per_rank, rows=rows_per_rank * ranks,
+                            oversubscribed=ranks > cores, repeat=repeat, **extra)}
+    if times is not None:
+        row.update(total_s=times.delivered - times.submitted, function_s=times.function_s,
+                   overhead_s=times.overhead_s, queue_s=times.launched - times.submitted,
+                   launch_s=times.started - times.launched,
+                   return_s=times.delivered - times.finished)
+    return row
+
+
+def _run_one(cfg, rec, progress, executor, *, repeat, ranks, rows_per_rank, op, cores,
+             iterations=None, dump_dir=None, **extra) -> Optional[dict]:
+    """Submit one task, wait for it, record it (or its error). The row, or None on error."""
+    note = f"{executor} ranks={ranks} {op} rows/rank={rows_per_rank:,}"
+    try:
+        future = _app(ranks)(op, rows_per_rank, iterations or cfg.iterations, cfg.unique,
+                             dump_dir=dump_dir)
+        future.result(timeout=TASK_TIMEOUT_S)
+        row = rec.write(**_task_row(cfg, executor, future, repeat=repeat, ranks=ranks,
+                                    rows_per_rank=rows_per_rank, op=op, cores=cores, **extra))
+    except Exception as exc:  # noqa: BLE001 - one failed task must not end the experiment
+        rec.write(kind="error", experiment=cfg.name, executor=executor, stage="task", op=op,
+                  ranks=ranks, rows_per_rank=rows_per_rank, repeat=repeat, error=_first_line(exc))
+        progress.step(note, error=True)
+        return None
+    progress.step(note)
+    return row
+
+
+def cores() -> int:
+    return os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------- experiments
+def _executors(cfg) -> List[str]:
+    return [e for e in cfg.executors if e != BARE]
+
+
+def run_scaling(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
+    """Weak (rows per rank fixed) or strong (total fixed) scaling over ``cfg.ranks``."""
+    for executor in _executors(cfg):
+        with runtime_session(cfg, executor, rec, max(max(cfg.ranks), cores())) as session:
+            if session is None:
+                progress.step(f"{executor}: not run", n=_scaling_tasks(cfg), skipped=True)
+                continue
+            for repeat in range(cfg.repeats):
+                for rows in cfg.rows:
+                    for ranks in cfg.ranks:
+                        per_rank = rows if cfg.rows_mode == "per_rank" else rows // ranks
+                        for op in cfg.ops:
+                            _run_one(cfg, rec, progress, executor, repeat=repeat, ranks=ranks,
+                                     rows_per_rank=per_rank, op=op, cores=cores())
+
+
+def _scaling_tasks(cfg) -> int:
+    return cfg.repeats * len(cfg.rows) * len(cfg.ranks) * len(cfg.ops)
+
+
+def run_overhead(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
+    """The same task, one at a time, through bare mpiexec and each runtime; TaskTimes split it."""
+    for executor in cfg.executors:
+        if executor == BARE:
+            _bare_overhead(cfg, rec, progress)
+            continue
+        with runtime_session(cfg, executor, rec, max(max(cfg.ranks), cores())) as session:
+            if session is None:
+                progress.step(f"{executor}: not run", n=_overhead_tasks(cfg), skipped=True)
+                continue
+            for repeat in range(cfg.repeats):
+                for rows in cfg.rows:
+                    for ranks in cfg.ranks:
+                        for op in cfg.ops:
+                            for i in range(cfg.tasks):
+                                _run_one(cfg, rec, progress, executor, repeat=repeat, ranks=ranks,
+                                         rows_per_rank=rows, op=op, cores=cores(), task=i)
+
+
+def _overhead_tasks(cfg) -> int:
+    return cfg.repeats * len(cfg.rows) * len(cfg.ranks) * len(cfg.ops) * cfg.tasks
+
+
+def _bare_overhead(cfg, rec, progress) -> None:
+    from hetflow.executors.launch import default_mpiexec, launcher_env, mpiexec_command
+
+    mpiexec = default_mpiexec()
+    env = launcher_env(mpiexec)
+    for repeat in range(cfg.repeats):
+        for rows in cfg.rows:
+            for ranks in cfg.ranks:
+                for op in cfg.ops:
+                    for i in range(cfg.tasks):
+                        args = {"op": op, "rows_per_rank": rows, "iterations": cfg.iterations,
+                                "unique": cfg.unique}
+                        cmd = mpiexec_command(mpiexec, ranks)[:-2] + [
+                            "-m", "experiments.protocol", json.dumps(args)]
+                        note = f"{BARE} ranks={ranks} {op} rows/rank={rows:,}"
+                        try:
+                            report, wall = _subprocess_report(cmd, env)
+                        except Exception as exc:  # noqa: BLE001
+                            rec.write(kind="error", experiment=cfg.name, executor=BARE,
+                                      stage="task", op=op, ranks=ranks, rows_per_rank=rows,
+                                      repeat=repeat, error=_first_line(exc))
+                            progress.step(note, error=True)
+                            continue
+                        submitted, delivered = wall
+                        function_s = report["finished"] - report["started"]
+                        rec.write(**{**report, **dict(
+                                  kind="task", experiment=cfg.name, executor=BARE, op=op,
+                                  ranks=ranks, rows_per_rank=rows, rows=rows * ranks,
+                                  oversubscribed=ranks > cores(), repeat=repeat, task=i)},
+                                  total_s=delivered - submitted, function_s=function_s,
+                                  overhead_s=(delivered - submitted) - function_s,
+                                  launch_s=report["started"] - submitted,
+                                  return_s=delivered - report["finished"], queue_s=0.0)
+                        progress.step(note)
+
+
+def _subprocess_report(cmd: List[str], env: dict, timeout: float = TASK_TIMEOUT_S):
+    """Run ``cmd``; its ``HETFLOW_BENCH {json}`` line and the (start, end) wall-clock stamps."""
+    submitted = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    delivered = time.time()
+    for line in proc.stdout.splitlines():
+        if line.startswith("HETFLOW_BENCH "):
+            if proc.returncode != 0:
+                break
+            return json.loads(line[len("HETFLOW_BENCH "):]), (submitted, delivered)
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    raise RuntimeError(f"{' '.join(cmd[:3])}... exited {proc.returncode}: {' | '.join(tail)}")
+
+
+def run_pilot(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
+    """Pilot vs batch: the join+sort pair and a K-task campaign, submitted together; makespan."""
+    pair = [("join", 2, cfg.rows[-1]), ("sort", 2, cfg.rows[-1])]
+    campaign = [(cfg.ops[i % len(cfg.ops)], cfg.ranks[i % len(cfg.ranks)],
+                 cfg.rows[(i // len(cfg.ops)) % len(cfg.rows)]) for i in range(cfg.tasks)]
+    pair = [(op, min(r, cores()), rows) for op, r, rows in pair]
+    for executor in _executors(cfg):
+        with runtime_session(cfg, executor, rec, cores()) as session:
+            if session is None:
+                progress.step(f"{executor}: not run", n=_pilot_tasks(cfg), skipped=True)
+                continue
+            for repeat in range(cfg.repeats):
+                for scenario, tasks in (("pair", pair), ("campaign", campaign)):
+                    _makespan(cfg, rec, progress, executor, scenario, tasks, repeat,
+                              session["startup_s"])
+
+
+def _pilot_tasks(cfg) -> int:
+    return cfg.repeats * (2 + cfg.tasks)
+
+
+def _makespan(cfg, rec, progress, executor, scenario, tasks, repeat, startup_s) -> None:
+    note = f"{executor} {scenario} ({len(tasks)} tasks)"
+    t0 = time.perf_counter()
+    try:
+        futures = [_app(ranks)(op, rows, cfg.iterations, cfg.unique) for op, ranks, rows in tasks]
+        for f in futures:
+            f.result(timeout=TASK_TIMEOUT_S)
+        makespan = time.perf_counter() - t0
+        rows = [_task_row(cfg, executor, f, repeat=repeat, ranks=ranks, rows_per_rank=per_rank,
+                          op=op, cores=cores(), scenario=scenario)
+                for f, (op, ranks, per_rank) in zip(futures, tasks)]
+    except Exception as exc:  # noqa: BLE001
+        rec.write(kind="error", experiment=cfg.name, executor=executor, stage=scenario,
+                  repeat=repeat, error=_first_line(exc))
+        progress.step(note, n=len(tasks), error=True)
+        return
+    for row in rows:
+        rec.write(**row)
+    rec.write(kind="makespan", experiment=cfg.name, executor=executor, scenario=scenario,
+              repeat=repeat, tasks=len(tasks), makespan_s=makespan, startup_s=startup_s,
+              tasks_spec=[list(t) for t in tasks],
+              function_sum_s=sum(r.get("function_s", 0.0) for r in rows),
+              launch_return_sum_s=sum(r.get("launch_s", 0.0) + r.get("return_s", 0.0)
+                                      for r in rows))
+    progress.step(note, n=len(tasks))
+
+
+def run_peers(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
+    """hetflow at each rank count, then pyarrow/polars/duckdb alone on the same generated data."""
+    root = tempfile.mkdtemp(prefix="hetflow-peers-")
+    dump_ranks = max(cfg.ranks)
+    try:
+        dumps = {}
+        for executor in _executors(cfg):
+            with runtime_session(cfg, executor, rec, max(dump_ranks, cores())) as session:
+                if session is None:
+                    progress.step(f"{executor}: not run",
+                                  n=cfg.repeats * len(cfg.rows) * len(cfg.ranks) * len(cfg.ops),
+                                  skipped=True)
+                    continue
+                for repeat in range(cfg.repeats):
+                    for rows in cfg.rows:
+                        for ranks in cfg.ranks:
+                            for op in cfg.ops:
+                                dump = None
+                                if ranks == dump_ranks and (rows, op) not in dumps:
+                                    dump = os.path.join(root, f"{rows}-{op}")
+                                row = _run_one(cfg, rec, progress, executor, repeat=repeat,
+                                               ranks=ranks, rows_per_rank=rows // ranks, op=op,
+                                               cores=cores(), dump_dir=dump)
+                                if dump and row is not None:
+                                    dumps[(rows, op)] = dump
+        for repeat in range(cfg.repeats):
+            for rows in cfg.rows:
+                for op in cfg.ops:
+                    for engine in cfg.peers:
+                        note = f"{engine} {op} rows={rows:,}"
+                        if (rows, op) not in dumps:
+                            progress.step(note + ": no data", error=True)
+                            continue
+                        args = {"engine": engine, "op": op, "data": dumps[(rows, op)],
+                                "iterations": cfg.iterations}
+                        try:
+                            report, _ = _subprocess_report(
+                                [sys.executable, "-m", "experiments.peers", json.dumps(args)],
+                                dict(os.environ))
+                        except Exception as exc:  # noqa: BLE001
+                            rec.write(kind="error", experiment=cfg.name, executor=engine,
+                                      stage="task", op=op, rows=rows, repeat=repeat,
+                                      error=_first_line(exc))
+                            progress.step(note, error=True)
+                            continue
+                        report.pop("engine", None)
+                        report["rows"] = rows  # the configured total (the data has rows x 1)
+                        rec.write(**{**report, **dict(
+                            kind="task", experiment=cfg.name, executor=engine, ranks=1,
+                            rows_per_rank=rows, oversubscribed=False, repeat=repeat,
+                            data_from_ranks=dump_ranks)})
+                        progress.step(note)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+RUNNERS: dict = {"weak": run_scaling, "strong": run_scaling, "overhead": run_overhead,
+                 "pilot": run_pilot, "peers": run_peers}
+
+
+def planned_steps(cfg: ExperimentConfig) -> int:
+    """Progress steps an experiment will take (tasks and peer runs)."""
+    n_exec = len(_executors(cfg))
+    if cfg.kind in ("weak", "strong"):
+        return n_exec * _scaling_tasks(cfg)
+    if cfg.kind == "overhead":
+        return len(cfg.executors) * _overhead_tasks(cfg)
+    if cfg.kind == "pilot":
+        return n_exec * _pilot_tasks(cfg)
+    per = cfg.repeats * len(cfg.rows) * len(cfg.ops)
+    return n_exec * per * len(cfg.ranks) + per * len(cfg.peers)
+
+
+def run_experiment(cfg: ExperimentConfig, rec: Recorder, *, argv: Optional[list] = None,
+                   stream=None) -> None:
+    """Run ``cfg`` end to end, appending its rows (the ``run`` row first) to ``rec``."""
+    rec.write(kind="run", experiment=cfg.name, config=cfg.as_dict(), argv=list(argv or []),
+              cores=cores())
+    progress = Progress(cfg.name, planned_steps(cfg), stream=stream)
+    try:
+        RUNNERS[cfg.kind](cfg, rec, progress)
+    finally:
+        progress.close()

@@ -1,0 +1,84 @@
+"""Collective validation: every rank reaches the same verdict before any data moves.
+
+A rank that finds a problem on its own (a missing column, a file it cannot read) and raised
+at once would leave the others blocked in the next collective. Instead each operation first
+allgathers a small descriptor (each partition's schema, any local error, a few facts such as
+null counts), and every rank then raises the same typed error, or none.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+import pyarrow as pa
+
+from hetflow import errors
+from hetflow.errors import HetflowError, InputError, KeyColumnError, SchemaMismatch
+
+
+def _describe_error(exc: Optional[BaseException]):
+    if exc is None:
+        return None
+    return (type(exc).__name__, str(exc))
+
+
+def _rebuild_error(rank: int, described, size: int) -> HetflowError:
+    name, message = described
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, HetflowError)):
+        cls, message = InputError, f"{name}: {message}"
+    where = f" (on rank {rank} of {size})" if size > 1 else ""
+    return cls(message + where)
+
+
+def agree(comm, schemas: Sequence[pa.Schema], *, error: Optional[BaseException] = None,
+          facts: Any = None, what: Sequence[str] = ()) -> List[Any]:
+    """Allgather schemas, local errors and facts; raise the same error on every rank, or
+    return every rank's ``facts`` (in rank order).
+
+    ``what`` names each schema's table in messages (e.g. ``("left", "right")``).
+    """
+    payload = ([s.serialize().to_pybytes() for s in schemas], _describe_error(error), facts)
+    gathered = comm.allgather(payload) if comm.Get_size() > 1 else [payload]
+    size = len(gathered)
+    for rank, (_, err, _) in enumerate(gathered):
+        if err is not None:
+            raise _rebuild_error(rank, err, size)
+    for i in range(len(schemas)):
+        label = what[i] if i < len(what) else "table"
+        ref = pa.ipc.read_schema(pa.py_buffer(gathered[0][0][i]))
+        for rank in range(1, size):
+            other = pa.ipc.read_schema(pa.py_buffer(gathered[rank][0][i]))
+            if not other.equals(ref, check_metadata=False):
+                raise SchemaMismatch(
+                    f"the {label} partitions disagree on schema: rank 0 has "
+                    f"{_fmt(ref)} but rank {rank} has {_fmt(other)}; every rank's partition "
+                    "must have the same column names and types (cast, or build empty "
+                    "partitions from the same schema)")
+    return [facts for (_, _, facts) in gathered]
+
+
+def _fmt(schema: pa.Schema) -> str:
+    return "{" + ", ".join(f"{f.name}: {f.type}" for f in schema) + "}"
+
+
+def key_names(value, what: str) -> List[str]:
+    """Normalise a key argument (a name or a list of names) to a non-empty list of str."""
+    if isinstance(value, str):
+        return [value]
+    if value is None:
+        raise InputError(f"{what}: no key columns given")
+    names = list(value)
+    if not names or not all(isinstance(n, str) for n in names):
+        raise InputError(f"{what}: key columns must be a column name or a non-empty list of "
+                         f"names, got {value!r}")
+    return names
+
+
+def check_columns(schema: pa.Schema, names: Sequence[str], what: str, side: str = "table"):
+    """Raise KeyColumnError naming the first column of ``names`` missing from ``schema``."""
+    for name in names:
+        if schema.get_field_index(name) < 0:
+            raise KeyColumnError(f"{what}: key column {name!r} is not in the {side}; its columns "
+                                 f"are {schema.names}")
+        if schema.names.count(name) > 1:
+            raise InputError(f"{what}: column name {name!r} appears more than once in the {side}")

@@ -1,0 +1,147 @@
+"""Deterministic, vectorized row hashing for hash partitioning.
+
+Every rank must send a key to the same destination, so the hash may depend only on the key's
+value and type: never on the process (Python's ``hash()`` of a string is salted per process) or on
+how the column is chunked. Each column is mapped to a 64-bit integer representation (integers,
+temporals and booleans as int64; floats by their bits with -0.0 and NaN canonicalised; strings and
+binaries through a polynomial hash of their bytes, computed once per distinct value), then
+finalised with the splitmix64 mixer and combined column by column. Null keys hash to a constant.
+The mixing runs on ``xp`` = numpy or cupy (the GPU path).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hetflow.errors import NotSupported
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_NULL = np.uint64(0x5BD1E9955BD1E995)
+_POLY = np.uint64(0x100000001B3)  # FNV-64 prime: odd, so multiplication is a bijection mod 2**64
+
+
+def mix(xp, x):
+    """splitmix64 finaliser, in place on a uint64 array; returns it."""
+    x ^= x >> np.uint64(30)
+    x *= _M1
+    x ^= x >> np.uint64(27)
+    x *= _M2
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def _fill(arr: pa.Array, value) -> pa.Array:
+    return pc.fill_null(arr, value) if arr.null_count else arr
+
+
+def _int64_repr(arr: pa.Array) -> np.ndarray:
+    """The array's values as int64 (nulls as 0), zero-copy where Arrow allows it."""
+    t = arr.type
+    if pa.types.is_boolean(t):
+        return _fill(arr, False).to_numpy(zero_copy_only=False).astype(np.int64)
+    if pa.types.is_floating(t):
+        values = _fill(arr, 0).to_numpy(zero_copy_only=False).astype(np.float64)
+        values = values + 0.0  # -0.0 == 0.0 must hash alike
+        values[np.isnan(values)] = np.nan  # one canonical NaN bit pattern
+        return values.view(np.int64)
+    if pa.types.is_integer(t):
+        return _fill(arr, 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    if (pa.types.is_temporal(t)) and not pa.types.is_interval(t):
+        width = t.bit_width
+        as_int = arr.view(pa.int64() if width == 64 else pa.int32())
+        return _fill(as_int, 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    raise TypeError(t)
+
+
+def _binary_hash(values: pa.Array) -> np.ndarray:
+    """Polynomial hash of each (non-null) binary/string value's bytes, vectorized."""
+    values = values.cast(pa.large_binary())
+    n = len(values)
+    if n == 0:
+        return np.zeros(0, np.uint64)
+    _, offsets_buf, data_buf = values.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int64, count=n + 1, offset=values.offset * 8)
+    base = offsets[0]
+    lengths = np.diff(offsets)
+    total = int(offsets[-1] - base)
+    out = lengths.astype(np.uint64) * _GOLDEN
+    if total:
+        data = np.frombuffer(data_buf, np.uint8, count=total, offset=int(base)).astype(np.uint64)
+        starts = offsets[:-1] - base
+        pos = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
+        powers = np.cumprod(np.full(int(lengths.max()), _POLY, np.uint64), dtype=np.uint64)
+        contrib = (data + np.uint64(1)) * powers[pos]
+        nonempty = lengths > 0
+        out[nonempty] += np.add.reduceat(contrib, starts[nonempty])
+    return out
+
+
+def _column_hash_chunk(xp, arr: pa.Array):
+    """uint64 hash of one chunk of a key column (on xp's device)."""
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        dict_hash = _column_hash_chunk(np, arr.dictionary)
+        idx = _fill(arr.indices, 0).to_numpy(zero_copy_only=False)
+        out = xp.asarray(dict_hash[idx])
+    elif pa.types.is_null(t):
+        return xp.full(len(arr), _NULL, dtype=np.uint64)
+    elif (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+          or pa.types.is_large_binary(t) or pa.types.is_string_view(t)
+          or pa.types.is_binary_view(t) or pa.types.is_fixed_size_binary(t)
+          or pa.types.is_decimal(t)):
+        if pa.types.is_decimal(t):
+            arr = arr.cast(pa.string())
+        elif pa.types.is_string_view(t) or pa.types.is_binary_view(t) or \
+                pa.types.is_fixed_size_binary(t):
+            arr = arr.cast(pa.large_binary())
+        # hash each distinct value once, then broadcast through the dictionary indices
+        encoded = pc.dictionary_encode(arr)
+        dict_hash = mix(np, _binary_hash(encoded.dictionary))
+        idx = _fill(encoded.indices, 0).to_numpy(zero_copy_only=False)
+        out = xp.asarray(dict_hash[idx])
+    else:
+        try:
+            rep = _int64_repr(arr)
+        except TypeError:
+            raise NotSupported(f"cannot hash-partition on a column of type {t}: key columns must "
+                               "be integers, floats, booleans, strings/binaries, decimals or "
+                               "temporals") from None
+        out = mix(xp, xp.asarray(rep).view(np.uint64) + _GOLDEN)
+    if arr.null_count:
+        valid = xp.asarray(arr.is_valid().to_numpy(zero_copy_only=False))
+        out = xp.where(valid, out, _NULL)
+    return out
+
+
+def hash_rows(xp, table: pa.Table, keys: Sequence[str]):
+    """One uint64 hash per row of ``table`` over the ``keys`` columns (on xp's device)."""
+    h = None
+    for name in keys:
+        col = table.column(name)
+        chunks = [_column_hash_chunk(xp, c) for c in col.chunks if len(c)]
+        if not chunks:
+            ch = xp.zeros(0, dtype=np.uint64)
+        elif len(chunks) == 1:
+            ch = chunks[0]
+        else:
+            ch = xp.concatenate(chunks)
+        if h is None:
+            h = ch
+        else:
+            h = mix(xp, h * _POLY + ch)
+    if h is None:
+        h = xp.zeros(table.num_rows, dtype=np.uint64)
+    return h
+
+
+def partition_of(xp, table: pa.Table, keys: Sequence[str], parts: int) -> np.ndarray:
+    """Destination partition (0..parts-1) of each row, as a small host integer array."""
+    h = hash_rows(xp, table, keys)
+    dest = (h % np.uint64(parts)).astype(np.uint16 if parts <= 2**16 else np.int64)
+    del h
+    return dest if xp is np else xp.asnumpy(dest)

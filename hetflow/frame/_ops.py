@@ -1,0 +1,417 @@
+"""Collective operations: shuffle, join, sort, groupby-aggregate, unique.
+
+Each one validates collectively first (:mod:`hetflow.frame._check`), so bad input raises the same
+typed error on every rank before any rank enters a data collective.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Dict, List, Optional, Sequence, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from mpi4py import MPI
+
+from hetflow.errors import ConfigError, InputError, SchemaMismatch
+from hetflow.frame import _backend, _check, _exchange, _hash, _localjoin, _localsort
+from hetflow.frame._table import DistributedTable
+
+log = logging.getLogger("hetflow.frame")
+
+
+def _require_table(value, what: str) -> DistributedTable:
+    if not isinstance(value, DistributedTable):
+        raise InputError(f"{what} must be a hetflow.frame.DistributedTable, got "
+                         f"{type(value).__name__}")
+    return value
+
+
+# -- shuffle ----------------------------------------------------------------------------------
+def _shuffle_local(comm, table: pa.Table, keys: Sequence[str], backend: str) -> pa.Table:
+    """Exchange rows so that every row lands on rank ``hash(keys) % size`` (collective)."""
+    size = comm.Get_size()
+    if size == 1:
+        return table
+    xp = _backend.array_module(backend)
+    dest = _hash.partition_of(xp, table, keys, size)
+    order, offsets = _exchange.split_by(dest, size)
+    del dest
+    return _exchange.exchange_rows(comm, table, order, offsets)
+
+
+def shuffle(table: DistributedTable, on, *, backend: Optional[str] = None) -> DistributedTable:
+    """Hash-partition ``table`` by the ``on`` columns: equal keys land on the same rank.
+
+    The destination depends only on the key values (never on the process), so two tables
+    shuffled on keys of the same types are co-partitioned. Rows keep their relative order
+    within each source rank; received rows are ordered by source rank.
+    """
+    table = _require_table(table, "shuffle: table")
+    names = _check.key_names(on, "shuffle")
+    _check.agree(table.comm, [table.local.schema])
+    _check.check_columns(table.local.schema, names, "shuffle")
+    be = _backend.resolve(backend)
+    be = "cpu" if be == "pycylon" else be
+    out = _shuffle_local(table.comm, table.local, names, be)
+    return DistributedTable(table.comm, out, backend=be if table.comm.Get_size() > 1 else "cpu")
+
+
+# -- join -------------------------------------------------------------------------------------
+_HOW = {"inner": "inner", "left": "left outer", "right": "right outer", "outer": "full outer",
+        "full": "full outer", "semi": "left semi", "anti": "left anti"}
+
+
+def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str = "inner",
+         left_on=None, right_on=None, suffixes=("_x", "_y"),
+         backend: Optional[str] = None) -> DistributedTable:
+    """Distributed join: hash-shuffle both sides on their keys, then a local hash join.
+
+    ``how`` is ``"inner"``, ``"left"``, ``"right"``, ``"outer"`` (alias ``"full"``), ``"semi"`` or
+    ``"anti"``. Keys are ``on`` (same names on both sides) or ``left_on``/``right_on``; the key
+    columns appear once in the result, under the left names, with values coalesced from both
+    sides for outer joins (polars' ``coalesce=True``). Non-key columns present on both sides get
+    ``suffixes``. Null keys never match each other (SQL and polars semantics; pandas' ``merge``
+    does match NaN/None keys). Key types must be identical on both sides.
+    """
+    left = _require_table(left, "join: left")
+    right = _require_table(right, "join: right")
+    comm = left.comm
+    if how not in _HOW:
+        raise ConfigError(f"join: how={how!r} is not one of {sorted(_HOW)}")
+    if MPI.Comm.Compare(comm, right.comm) not in (MPI.IDENT, MPI.CONGRUENT):
+        raise InputError("join: left and right live on different communicators")
+    if on is not None and (left_on is not None or right_on is not None):
+        raise ConfigError("join: give either on= or left_on=/right_on=, not both")
+    if on is not None:
+        lk = rk = _check.key_names(on, "join")
+    else:
+        if left_on is None or right_on is None:
+            raise ConfigError("join: no keys: give on= or both left_on= and right_on=")
+        lk = _check.key_names(left_on, "join left_on")
+        rk = _check.key_names(right_on, "join right_on")
+        if len(lk) != len(rk):
+            raise ConfigError(f"join: left_on has {len(lk)} columns but right_on has {len(rk)}")
+    if not (isinstance(suffixes, (tuple, list)) and len(suffixes) == 2):
+        raise ConfigError(f"join: suffixes must be a pair of strings, got {suffixes!r}")
+    _check.agree(comm, [left.local.schema, right.local.schema], what=("left", "right"))
+    _check.check_columns(left.local.schema, lk, "join", "left table")
+    _check.check_columns(right.local.schema, rk, "join", "right table")
+    for a, b in zip(lk, rk):
+        ta, tb = left.local.schema.field(a).type, right.local.schema.field(b).type
+        if ta != tb:
+            raise SchemaMismatch(f"join: key types differ: left {a!r} is {ta} but right {b!r} is "
+                                 f"{tb}; cast one side so both keys have the same type")
+    be = _backend.resolve(backend)
+    if be == "pycylon":
+        from hetflow.frame import _pycylon
+        return _pycylon.join(left, right, lk, rk, how, suffixes)
+    lt = _shuffle_local(comm, _canonical_zero(left.local, lk), lk, be)
+    rt = _shuffle_local(comm, _canonical_zero(right.local, rk), rk, be)
+    del left, right  # the caller still holds them; we only drop our references
+    out = _localjoin.join(lt, rt, lk, rk, how, tuple(suffixes))
+    return DistributedTable(comm, out, backend=be if comm.Get_size() > 1 else "cpu")
+
+
+def _canonical_zero(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """-0.0 == 0.0, but Arrow's hash join compares float keys bitwise: adding 0.0 turns -0.0
+    into 0.0 (and nothing else changes), so the two match as in polars, pandas and SQL."""
+    for name in keys:
+        i = table.schema.get_field_index(name)
+        if pa.types.is_floating(table.schema.field(i).type):
+            col = table.column(i)
+            table = table.set_column(i, name, pc.add(col, pa.scalar(0.0, col.type)))
+    return table
+
+
+# -- sort -------------------------------------------------------------------------------------
+_NUMERIC = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean,
+            lambda t: pa.types.is_temporal(t) and not pa.types.is_interval(t))
+
+
+def _is_numeric(t: pa.DataType) -> bool:
+    return any(f(t) for f in _NUMERIC) and not pa.types.is_float16(t)
+
+
+def _samples_per_rank(size: int) -> int:
+    # Regular sampling with s samples per rank bounds each rank's share by about
+    # N/p + N/s; 32 * p keeps that within ~1/32 of perfect balance at a tiny allgather.
+    return 32 * size
+
+
+def sort(table: DistributedTable, by, ascending: Union[bool, Sequence[bool]] = True, *,
+         backend: Optional[str] = None) -> DistributedTable:
+    """Distributed sample sort: the result is globally ordered by ``by``.
+
+    Rank i's rows all sort before (or equal to) rank i+1's. Nulls go last whatever the
+    direction (pandas' default ``na_position="last"``), float NaN just before them. The sort is
+    stable with respect to the ranks-in-order concatenation of the input. Splitters come from
+    regular sampling of the locally sorted data; each row's key is made unique by its origin
+    (rank, position) when it is placed, so even a single key repeated on every row is spread
+    evenly over the ranks.
+    """
+    table = _require_table(table, "sort: table")
+    comm = table.comm
+    names = _check.key_names(by, "sort")
+    if isinstance(ascending, bool):
+        asc = [ascending] * len(names)
+    else:
+        asc = list(ascending)
+        if len(asc) != len(names) or not all(isinstance(a, bool) for a in asc):
+            raise ConfigError(f"sort: ascending must be a bool or one bool per key column "
+                              f"({len(names)}), got {ascending!r}")
+    schema = table.local.schema
+    local_nulls = [table.local.column(n).null_count if schema.get_field_index(n) >= 0 else 0
+                   for n in names]
+    facts = _check.agree(comm, [schema], facts=local_nulls)
+    _check.check_columns(schema, names, "sort")
+    for n in names:
+        t = schema.field(n).type
+        if pa.types.is_nested(t) or pa.types.is_null(t):
+            raise InputError(f"sort: cannot sort by column {n!r} of type {t}")
+    be = _backend.resolve(backend)
+    be = "cpu" if be == "pycylon" else be
+    any_nulls = any(sum(f[i] for f in facts) for i in range(len(names)))
+    fast = len(names) == 1 and _is_numeric(schema.field(names[0]).type) and not any_nulls
+    if fast:
+        out = _sort_numeric(comm, table.local, names[0], not asc[0], be)
+    else:
+        out = _sort_general(comm, table.local, names, asc)
+        be = "cpu"
+    return DistributedTable(comm, out, backend=be)
+
+
+def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -> pa.Table:
+    size, rank = comm.Get_size(), comm.Get_rank()
+    xp = _backend.array_module(be)
+    key = _localsort.numeric_key(table.column(name), descending)
+    if size == 1:
+        order = _backend.to_host(xp, _localsort.argsort(xp, xp.asarray(key)))
+        return table.take(pa.array(order))
+    order = _backend.to_host(xp, _localsort.argsort(xp, xp.asarray(key)))
+    n = len(order)
+    m = min(n, _samples_per_rank(size))
+    pos = (np.arange(m, dtype=np.int64) * n) // m if m else np.zeros(0, np.int64)
+    gathered = comm.allgather((key[order[pos]], pos))
+    values = np.concatenate([g[0] for g in gathered]).astype(np.uint64)
+    ranks = np.concatenate([np.full(len(g[1]), r, np.int64) for r, g in enumerate(gathered)])
+    positions = np.concatenate([g[1] for g in gathered]).astype(np.int64)
+    total = len(values)
+
+    def first_at_least(v, side_right: bool) -> int:
+        # binary search in the sorted keys key[order] without materialising them
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            k = key[order[mid]]
+            if k < v or (side_right and k == v):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    bounds = [0]
+    if total:
+        g = np.lexsort((positions, ranks, values))
+        for j in range(1, size):
+            s = g[(j * total) // size]
+            v, r, q = values[s], int(ranks[s]), int(positions[s])
+            lo, hi = first_at_least(v, False), first_at_least(v, True)
+            if rank < r:
+                b = hi
+            elif rank > r:
+                b = lo
+            else:
+                b = lo + min(max(q - lo, 0), hi - lo)
+            bounds.append(max(b, bounds[-1]))
+    else:
+        bounds += [0] * (size - 1)
+    bounds.append(n)
+    del key
+    parts = _exchange.exchange_rows(comm, table, order, bounds)
+    del order
+    # The received runs are each sorted: a stable merge orders them globally. NumPy's stable
+    # sort of 64-bit keys is timsort, which finds the runs and merges them in O(n log p).
+    key2 = _localsort.numeric_key(parts.column(name), descending)
+    order2 = (np.argsort(key2, kind="stable") if xp is np
+              else _backend.to_host(xp, _localsort.argsort(xp, xp.asarray(key2))))
+    del key2
+    return parts.take(pa.array(order2))
+
+
+_NULL_CLASS, _NAN_CLASS = 2, 1
+
+
+def _value_class(v) -> int:
+    if v is None:
+        return _NULL_CLASS
+    if isinstance(v, float) and v != v:
+        return _NAN_CLASS
+    return 0
+
+
+def _compare_keys(a, b, asc: Sequence[bool]) -> int:
+    """Compare two key tuples the way Arrow sorts (nulls, then NaN, last in both directions)."""
+    for x, y, up in zip(a, b, asc):
+        cx, cy = _value_class(x), _value_class(y)
+        if cx != cy:
+            return -1 if cx < cy else 1
+        if cx or x == y:
+            continue
+        r = -1 if x < y else 1
+        return r if up else -r
+    return 0
+
+
+def _sort_general(comm, table: pa.Table, names: List[str], asc: List[bool]) -> pa.Table:
+    size, rank = comm.Get_size(), comm.Get_rank()
+    order = _sort_indices(table, names, asc)
+    if size == 1:
+        return table.take(order)
+    keys = table.select(names).take(order).combine_chunks()
+    cols = [keys.column(i) for i in range(len(names))]
+    n = keys.num_rows
+    m = min(n, _samples_per_rank(size))
+    pos = [(i * n) // m for i in range(m)]
+    samples = [(tuple(c[p].as_py() for c in cols), rank, p) for p in pos]
+    everything = [s for part in comm.allgather(samples) for s in part]
+
+    def full_cmp(a, b):
+        c = _compare_keys(a[0], b[0], asc)
+        return c if c else (-1 if (a[1], a[2]) < (b[1], b[2]) else (1 if (a[1], a[2]) > (b[1], b[2]) else 0))
+
+    everything.sort(key=functools.cmp_to_key(full_cmp))
+    total = len(everything)
+    bounds = [0]
+    for j in range(1, size):
+        if not total:
+            bounds.append(0)
+            continue
+        split = everything[(j * total) // size]
+        lo, hi = bounds[-1], n  # boundaries are monotone: search right of the previous one
+        while lo < hi:
+            mid = (lo + hi) // 2
+            row = (tuple(c[mid].as_py() for c in cols), rank, mid)
+            if full_cmp(row, split) < 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        bounds.append(lo)
+    bounds.append(n)
+    del keys, cols
+    order_np = order.to_numpy()
+    parts = _exchange.exchange_rows(comm, table, order_np, bounds)
+    return parts.take(_sort_indices(parts, names, asc))
+
+
+_PER_KEY_NULLS = int(pa.__version__.split(".")[0]) >= 25
+
+
+def _sort_indices(table: pa.Table, names: List[str], asc: List[bool]) -> pa.Array:
+    """Arrow's stable sort indices, nulls at the end of every key (pyarrow >= 25 takes the
+    null placement per key and deprecates the global option)."""
+    if _PER_KEY_NULLS:
+        keys = [(n, "ascending" if a else "descending", "at_end") for n, a in zip(names, asc)]
+        return pc.sort_indices(table, sort_keys=keys)
+    keys = [(n, "ascending" if a else "descending") for n, a in zip(names, asc)]
+    return pc.sort_indices(table, sort_keys=keys, null_placement="at_end")
+
+
+# -- groupby / unique -------------------------------------------------------------------------
+_AGGS = ("sum", "count", "mean", "min", "max")
+
+
+class GroupBy:
+    """``table.groupby(by).agg({...})``: a distributed group-by with a local pre-aggregation."""
+
+    def __init__(self, table: DistributedTable, by):
+        self.table = _require_table(table, "groupby: table")
+        self.by = _check.key_names(by, "groupby")
+
+    def agg(self, spec: Dict[str, Union[str, Sequence[str]]], *,
+            backend: Optional[str] = None) -> DistributedTable:
+        """Aggregate ``{column: "sum"|"count"|"mean"|"min"|"max" or a list of them}``.
+
+        Result columns: the group keys, then ``column`` (one function) or ``column_function``
+        (several). ``count`` counts non-null values; ``sum``/``min``/``max``/``mean`` skip nulls
+        and give null for a group with no non-null value (SQL semantics; pandas' sum gives 0).
+        """
+        t = self.table
+        if not isinstance(spec, dict) or not spec:
+            raise ConfigError(f"groupby.agg: expected a non-empty dict column -> function, "
+                              f"got {spec!r}")
+        plan = []
+        for col, funcs in spec.items():
+            funcs = [funcs] if isinstance(funcs, str) else list(funcs)
+            for f in funcs:
+                if f not in _AGGS:
+                    raise ConfigError(f"groupby.agg: unknown function {f!r} for column {col!r}; "
+                                      f"expected one of {_AGGS}")
+            for f in funcs:
+                plan.append((col, f, col if len(funcs) == 1 else f"{col}_{f}"))
+        schema = t.local.schema
+        _check.agree(t.comm, [schema])
+        _check.check_columns(schema, self.by, "groupby")
+        _check.check_columns(schema, [c for c, _, _ in plan], "groupby.agg")
+        be = _backend.resolve(backend)
+        be = "cpu" if be == "pycylon" else be
+        # Pre-aggregate locally (sum/count/min/max partials; mean as sum and count) so only
+        # one row per group and rank crosses the network.
+        partial_aggs, partial_names = [], []
+        source = t.local.select(self.by)
+        for i, (col, f, _) in enumerate(plan):
+            for pf in (("sum", "count") if f == "mean" else (f,)):
+                alias = f"__p{i}_{pf}"
+                source = source.append_column(alias, t.local.column(col))
+                partial_aggs.append((alias, pf))
+                partial_names.append(alias)
+        local = _group(source, self.by, partial_aggs)
+        del source
+        shuffled = _shuffle_local(t.comm, local, self.by, be)
+        final_aggs = [(name, "max" if name.endswith("_max") else
+                       "min" if name.endswith("_min") else "sum") for name in partial_names]
+        merged = _group(shuffled, self.by, final_aggs)
+        columns, out_names = [merged.column(k) for k in self.by], list(self.by)
+        for i, (col, f, out_name) in enumerate(plan):
+            if f == "mean":
+                s = merged.column(f"__p{i}_sum").cast(pa.float64())
+                c = merged.column(f"__p{i}_count")
+                c = pc.if_else(pc.equal(c, 0), pa.scalar(None, c.type), c)
+                columns.append(pc.divide(s, c.cast(pa.float64())))
+            else:
+                columns.append(merged.column(f"__p{i}_{f}"))
+            out_names.append(out_name)
+        out = pa.table(columns, names=out_names)
+        return DistributedTable(t.comm, out, backend=be if t.comm.Get_size() > 1 else "cpu")
+
+
+def _group(table: pa.Table, by: List[str], aggs) -> pa.Table:
+    """Group-by-aggregate whose result columns are ``by`` then each aggregated column's own
+    name (Arrow names them ``col_func`` and has changed their position between versions)."""
+    out = table.group_by(by, use_threads=False).aggregate(aggs)
+    wanted = list(by) + [f"{col}_{func}" for col, func in aggs]
+    return out.select(wanted).rename_columns(list(by) + [col for col, _ in aggs])
+
+
+def unique(table: DistributedTable, subset=None, *,
+           backend: Optional[str] = None) -> DistributedTable:
+    """Drop rows whose ``subset`` columns (default: all) repeat, keeping each first occurrence
+    in the ranks-in-order concatenation of the input."""
+    table = _require_table(table, "unique: table")
+    schema = table.local.schema
+    names = list(schema.names) if subset is None else _check.key_names(subset, "unique")
+    _check.agree(table.comm, [schema])
+    _check.check_columns(schema, names, "unique")
+    be = _backend.resolve(backend)
+    be = "cpu" if be == "pycylon" else be
+    shuffled = _shuffle_local(table.comm, table.local, names, be)
+    marker = "__hetflow_row"
+    while marker in schema.names:
+        marker += "_"
+    indexed = shuffled.select(names).append_column(
+        marker, pa.array(np.arange(shuffled.num_rows, dtype=np.int64)))
+    first = indexed.group_by(names, use_threads=False).aggregate([(marker, "min")])
+    keep = np.sort(first.column(f"{marker}_min").to_numpy())
+    out = shuffled.take(pa.array(keep))
+    return DistributedTable(table.comm, out, backend=be if table.comm.Get_size() > 1 else "cpu")

@@ -1,0 +1,89 @@
+"""Crash-safe checkpointing of finished MPI tasks: ``hetflow.runtime(..., checkpoint=DIR)``.
+
+A campaign killed half-way (client SIGKILLed, node lost) is restarted with the
+same ``checkpoint`` directory and re-runs only the tasks that had not finished.
+
+It plugs into Parsl's memoization (the DataFlowKernel hashes each task's app and
+arguments, and skips a task whose hash has a stored result) but replaces Parsl's
+single append-only ``tasks.pkl``, which a kill in mid-write leaves truncated so
+that the next start refuses the whole file, by one file per finished task,
+written to a temp name, flushed and renamed into place: a record is either
+whole or absent.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import tempfile
+from concurrent.futures import Future
+from typing import Dict, List
+
+from parsl.dataflow.memoization import BasicMemoizer, CheckpointCommand
+
+logger = logging.getLogger(__name__)
+
+_SUFFIX = ".result"
+
+
+class Journal(BasicMemoizer):
+    """A Parsl memoizer whose checkpoint is a directory of atomically written task results."""
+
+    def __init__(self, directory: str):
+        super().__init__(checkpoint_mode="task_exit", checkpoint_files=[])
+        self.directory = os.path.abspath(directory)
+
+    def start(self, *, run_dir: str, config_run_dir: str) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        super().start(run_dir=run_dir, config_run_dir=config_run_dir)
+        self.memo_lookup_table.update(self.load())
+
+    def load(self) -> Dict[str, Future]:
+        """Hash -> resolved future, for every whole record in the journal."""
+        table: Dict[str, Future] = {}
+        for name in sorted(os.listdir(self.directory)):
+            if not name.endswith(_SUFFIX):
+                continue  # temp files of a write that was interrupted
+            path = os.path.join(self.directory, name)
+            try:
+                with open(path, "rb") as fh:
+                    value = pickle.load(fh)
+            except Exception as exc:  # noqa: BLE001 - an unreadable record means: run it again
+                logger.warning("checkpoint record %s unreadable (%s): the task will run again",
+                               path, exc)
+                continue
+            future: Future = Future()
+            future.set_result(value)
+            table[name[:-len(_SUFFIX)]] = future
+        logger.info("checkpoint %s: %d finished task(s) restored", self.directory, len(table))
+        return table
+
+    def _checkpoint_these_tasks(self, checkpoint_queue: List[CheckpointCommand]) -> None:
+        for command in checkpoint_queue:
+            hashsum = command.task_record.get("hashsum")
+            if command.exception is not None or not hashsum:
+                continue  # failures are not results: they run again on restart
+            try:
+                data = pickle.dumps(command.result)
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("task %s: result cannot be checkpointed (%s)",
+                               command.task_record["id"], exc)
+                continue
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, os.path.join(self.directory, hashsum + _SUFFIX))
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+            self.checkpointed_tasks += 1
+
+    def records(self) -> int:
+        """How many finished tasks the journal holds."""
+        return sum(1 for n in os.listdir(self.directory) if n.endswith(_SUFFIX))

@@ -1,0 +1,192 @@
+"""The reproduction harness end to end: ``hetflow bench all --quick`` on real runtimes.
+
+The quick run (mpirun and pool executors, the bare launcher, the three peers)
+writes results.jsonl and report.md; the report's tables must agree with the
+results file: every executor that ran has its rows, every number is there and
+finite, and the medians are the results' medians. The report must come back
+identical from the results file alone.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from experiments import config as configs
+from experiments.report import load_rows, latest_runs
+
+HETFLOW = [sys.executable, "-m", "hetflow"]
+EXPERIMENTS = ("weak", "strong", "overhead", "pilot", "peers")
+
+
+def _bench(args, tmp, timeout=240):
+    return subprocess.run(HETFLOW + ["bench"] + args, capture_output=True, text=True, cwd=tmp,
+                          timeout=timeout)
+
+
+def _tables(markdown: str):
+    """Each Markdown table of the report as (section, header, rows of cells)."""
+    tables, section, lines = [], "", markdown.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("## "):
+            section = lines[i][3:].split(":")[0]
+        if lines[i].startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
+            header = [c.strip() for c in lines[i].strip("|").split("|")]
+            body, i = [], i + 2
+            while i < len(lines) and lines[i].startswith("| "):
+                body.append([c.strip() for c in lines[i].strip("|").split("|")])
+                i += 1
+            tables.append((section, header, body))
+            continue
+        i += 1
+    return tables
+
+
+def _median_cell(cell: str) -> float:
+    """The median of a ``median [min–max]`` cell (commas are thousands separators)."""
+    return float(cell.split(" [")[0].replace(",", ""))
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=0.006, abs_tol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    # Bounded but generous: ~40 s on a quiet 2-core machine, ~4 min seen at load average 20.
+    proc = _bench(["all", "--quick", "--out", str(out)], out, timeout=480)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+@pytest.mark.timeout(540)
+def test_quick_run_writes_results_and_report(quick_run):
+    out, proc = quick_run
+    rows = load_rows(out / "results.jsonl")
+    runs = latest_runs(rows)
+    assert sorted(runs) == sorted(EXPERIMENTS)
+    errors = [r for r in rows if r["kind"] in ("error", "skipped")]
+    assert not errors, errors[:3]
+    for r in rows:
+        for key in ("run_id", "experiment", "kind", "host", "versions"):
+            assert key in r, (key, r)
+        if r["kind"] == "task":
+            for key in ("executor", "ranks", "rows", "repeat", "op_mean_s", "peak_rss_mb"):
+                assert key in r, (key, r)
+            assert all(math.isfinite(t) and t >= 0 for t in r["op_iter_s"])
+    # Progress: one line per experiment on a non-terminal, not one per rank or task.
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("[")]
+    assert [p.split("]")[0][1:] for p in progress] == list(EXPERIMENTS), proc.stderr[-2000:]
+    # The join's row count is a property of the data: the peers, reading the partitions the
+    # 2-rank hetflow run wrote, must find exactly as many matches as the distributed join.
+    peers = [r for r in runs["peers"] if r["kind"] == "task" and r["op"] == "join"]
+    assert len({r["rows_out"] for r in peers if r["ranks"] == 2 or "data_from_ranks" in r}) == 1
+    for png in EXPERIMENTS:
+        with open(out / f"{png}.png", "rb") as fh:
+            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_tables_match_results(quick_run):
+    out, _ = quick_run
+    report = (out / "report.md").read_text()
+    assert not re.search(r"\bnan\b", report, re.IGNORECASE)
+    runs = latest_runs(load_rows(out / "results.jsonl"))
+    tables = {}
+    for section, header, body in _tables(report):  # each section's first table is its results
+        tables.setdefault(section, (header, body))
+    assert set(tables) == set(EXPERIMENTS)
+    for section, (header, body) in tables.items():
+        for row in body:
+            assert len(row) == len(header)
+            assert all(cell and cell.lower() != "nan" for cell in row), row
+    # Scaling tables: one row per (executor, op, ranks) that ran, with the results' median.
+    for name in ("weak", "strong"):
+        header, body = tables[name]
+        col = {h: i for i, h in enumerate(header)}
+        tasks = [r for r in runs[name] if r["kind"] == "task"]
+        expected = {(r["executor"], r["op"], r["ranks"]) for r in tasks}
+        seen = set()
+        for row in body:
+            key = (row[col["Executor"]], row[col["Op"]], int(row[col["Ranks"]].rstrip("†")))
+            seen.add(key)
+            want = statistics.median(r["op_mean_s"] for r in tasks
+                                     if (r["executor"], r["op"], r["ranks"]) == key)
+            assert _close(_median_cell(row[col["Op time (s)"]]), float(f"{want:.3g}")), (row, want)
+            assert row[col["Ranks"]].endswith("†") == (key[2] > (os.cpu_count() or 1))
+        assert seen == expected
+        assert {e for e, _, _ in seen} == set(configs.load(name, quick=True).executors)
+    # Overhead: every executor (bare launcher included) with its split; total = function + overhead.
+    header, body = tables["overhead"]
+    col = {h: i for i, h in enumerate(header)}
+    assert {row[col["Executor"]] for row in body} == {"mpiexec", "mpirun", "pool"}
+    tasks = [r for r in runs["overhead"] if r["kind"] == "task"]
+    for row in body:
+        mine = [r for r in tasks if r["executor"] == row[col["Executor"]]]
+        for field, name in (("total_s", "Total (s)"), ("function_s", "Function (s)"),
+                            ("overhead_s", "Overhead (s)")):
+            want = statistics.median(r[field] for r in mine)
+            assert _close(_median_cell(row[col[name]]), float(f"{want:.3g}")), (name, row)
+    # Pilot: both scenarios for every executor, makespans as recorded.
+    header, body = tables["pilot"]
+    col = {h: i for i, h in enumerate(header)}
+    spans = [r for r in runs["pilot"] if r["kind"] == "makespan"]
+    assert {(row[col["Scenario"]], row[col["Executor"]]) for row in body} == \
+        {(s, e) for s in ("pair", "campaign") for e in ("mpirun", "pool")}
+    for row in body:
+        want = statistics.median(r["makespan_s"] for r in spans if r["scenario"] ==
+                                 row[col["Scenario"]] and r["executor"] == row[col["Executor"]])
+        assert _close(_median_cell(row[col["Makespan (s)"]]), float(f"{want:.3g}"))
+    # Peers: hetflow and all three single-machine engines.
+    header, body = tables["peers"]
+    col = {h: i for i, h in enumerate(header)}
+    assert {row[col["Engine"]] for row in body} == {"hetflow (pool)", "pyarrow", "polars", "duckdb"}
+
+
+def test_report_regenerates_from_results_alone(quick_run, tmp_path):
+    out, _ = quick_run
+    copy = tmp_path / "results.jsonl"
+    copy.write_bytes((out / "results.jsonl").read_bytes())
+    proc = _bench(["report", str(copy)], tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "report.md").read_text() == (out / "report.md").read_text()
+    assert all((tmp_path / f"{name}.png").is_file() for name in EXPERIMENTS)
+
+
+def test_runtime_not_installed_is_skipped_and_reported(tmp_path):
+    proc = _bench(["strong", "--quick", "--ranks", "1", "--executors", "no-such-runtime,mpirun",
+                   "--out", str(tmp_path)], tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = load_rows(tmp_path / "results.jsonl")
+    assert [r["executor"] for r in rows if r["kind"] == "skipped"] == ["no-such-runtime"]
+    assert {r["executor"] for r in rows if r["kind"] == "task"} == {"mpirun"}
+    report = (tmp_path / "report.md").read_text()
+    assert "**no-such-runtime: skipped** — runtime 'no-such-runtime' is not installed" in report
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no-such-experiment"], "no experiment 'no-such-experiment'"),
+    (["weak", "--rows", "12x"], "--rows: '12x' is not a number"),
+    (["weak", "--repeats", "0"], "repeats must be a positive int"),
+    (["report"], "usage: hetflow bench report RESULTS"),
+])
+def test_bad_arguments_fail_clearly(args, message, tmp_path):
+    proc = _bench(args, tmp_path, timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_config_files_are_valid_and_state_their_scale():
+    for name in configs.experiment_names():
+        full, quick = configs.load(name), configs.load(name, quick=True)
+        assert full.kind == quick.kind == name
+        assert quick.repeats * len(quick.rows) <= full.repeats * len(full.rows)
+    assert configs.load("weak").scale_factor == 35_000_000 / max(configs.load("weak").rows)
+    assert configs.load("strong").scale_factor == 3_500_000_000 / max(configs.load("strong").rows)

@@ -1,0 +1,114 @@
+"""Bad input raises the same typed error on every rank, and no rank is left in a collective."""
+import pytest
+
+from mpiutil import run_mpi
+
+SCRIPT = r"""
+import os, sys
+import pyarrow as pa
+from mpi4py import MPI
+from hetflow import frame, errors
+import mpiutil
+
+import logging
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record.getMessage())
+logging.getLogger("hetflow.frame").addHandler(Keep())
+logging.getLogger("hetflow.frame").setLevel(logging.INFO)
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+outcomes = {}
+
+def case(name, fn):
+    try:
+        fn()
+        outcomes[name] = ("ok", "")
+    except errors.HetflowError as exc:
+        outcomes[name] = (type(exc).__name__, str(exc))
+    comm.Barrier()  # a rank still inside a collective would hang here (the test times out)
+
+good = frame.from_local(comm, pa.table({"k": pa.array([rank, 1], pa.int64()), "v": [1.0, 2.0]}))
+other = frame.from_local(comm, pa.table({"k": pa.array([1], pa.int32()), "w": [3]}))
+# rank 1 (only) has a column the others lack
+odd = frame.from_local(comm, pa.table({"k": [rank], "x" if rank == 1 else "v": [1]}))
+# every rank but 0 typed its key differently (e.g. an empty partition built without a schema)
+mixed = frame.from_local(comm, pa.table({"k": pa.array([], pa.int64() if rank == 0 else pa.null())}))
+
+case("join unknown key", lambda: frame.join(good, good, on="nope"))
+case("join unknown right key", lambda: frame.join(good, good, left_on="k", right_on="nope"))
+case("join key types differ", lambda: frame.join(good, other, on="k"))
+case("join bad how", lambda: frame.join(good, good, on="k", how="cross"))
+case("join schemas differ across ranks", lambda: frame.join(odd, good, on="k"))
+case("sort unknown key", lambda: frame.sort(good, ["k", "nope"]))
+case("sort schemas differ across ranks", lambda: frame.sort(odd, "k"))
+case("sort empty partitions typed differently", lambda: frame.sort(mixed, "k"))
+case("sort bad ascending", lambda: frame.sort(good, ["k", "v"], ascending=[True]))
+case("shuffle unknown key", lambda: frame.shuffle(good, "nope"))
+case("groupby unknown key", lambda: good.groupby("nope").agg({"v": "sum"}))
+case("groupby unknown agg", lambda: good.groupby("k").agg({"v": "median"}))
+case("unique schemas differ", lambda: frame.unique(odd))
+case("gather schemas differ", lambda: odd.gather())
+case("read_parquet missing on one rank", lambda: frame.read_parquet(
+    comm, sys.argv[1] if rank == 0 else os.path.join(sys.argv[1], "missing.parquet")))
+case("force cupy without GPU", lambda: frame.sort(good, "k", backend="cupy"))
+case("force pycylon without pycylon", lambda: frame.join(good, good, on="k", backend="pycylon"))
+case("unknown backend", lambda: frame.sort(good, "k", backend="tpu"))
+# afterwards the communicator is still healthy
+joined = frame.join(good, good, on="k")
+ok = joined.num_rows()
+mpiutil.report({"outcomes": outcomes, "rows": ok, "log": records, "backend": joined.backend})
+"""
+
+EXPECTED = {
+    "join unknown key": "KeyColumnError",
+    "join unknown right key": "KeyColumnError",
+    "join key types differ": "SchemaMismatch",
+    "join bad how": "ConfigError",
+    "join schemas differ across ranks": "SchemaMismatch",
+    "sort unknown key": "KeyColumnError",
+    "sort schemas differ across ranks": "SchemaMismatch",
+    "sort empty partitions typed differently": "SchemaMismatch",
+    "sort bad ascending": "ConfigError",
+    "shuffle unknown key": "KeyColumnError",
+    "groupby unknown key": "KeyColumnError",
+    "groupby unknown agg": "ConfigError",
+    "unique schemas differ": "SchemaMismatch",
+    "gather schemas differ": "SchemaMismatch",
+    "read_parquet missing on one rank": "InputError",
+    "force cupy without GPU": "BackendUnavailable",
+    "force pycylon without pycylon": "BackendUnavailable",
+    "unknown backend": "ConfigError",
+}
+SINGLE_RANK_OK = {"join schemas differ across ranks", "sort schemas differ across ranks",
+                  "sort empty partitions typed differently", "unique schemas differ",
+                  "gather schemas differ", "read_parquet missing on one rank"}
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_bad_input_raises_same_error_everywhere(ranks, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"k": [1]}), tmp_path / "ok.parquet")
+    reports = run_mpi(SCRIPT, ranks, timeout=180, args=[tmp_path]).values(ranks)
+    for name, want in EXPECTED.items():
+        got = {r["outcomes"][name] for r in reports}
+        assert len(got) == 1, f"{name}: ranks disagree: {got}"
+        kind, message = got.pop()
+        if ranks == 1 and name in SINGLE_RANK_OK:
+            continue  # one rank cannot disagree with itself
+        assert kind == want, f"{name}: {kind}: {message}"
+        assert message
+    r0 = reports[0]["outcomes"]
+    assert "'nope'" in r0["join unknown key"][1] and "left" in r0["join unknown key"][1]
+    assert "int64" in r0["join key types differ"][1] and "int32" in r0["join key types differ"][1]
+    assert "cupy" in r0["force cupy without GPU"][1]
+    if ranks > 1:
+        assert "rank 1" in r0["join schemas differ across ranks"][1]
+        assert "missing.parquet" in r0["read_parquet missing on one rank"][1]
+    assert all(r["rows"] == reports[0]["rows"] > 0 for r in reports)
+    # without cupy/GPU the CPU path ran, and says so (log line + attribute)
+    for r in reports:
+        assert r["backend"] == "cpu"
+        assert any("CPU (NumPy/Arrow)" in line and "cupy" in line for line in r["log"]), r["log"]

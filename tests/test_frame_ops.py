@@ -1,0 +1,165 @@
+"""groupby/unique/shuffle/gather/generate and Parquet/CSV round trips under mpiexec -n 1, 2, 3."""
+import pytest
+
+from mpiutil import run_mpi
+
+SCRIPT = r"""
+import os, sys, tempfile
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import polars as pl
+from mpi4py import MPI
+from hetflow import frame
+from frame_cases import random_part, same_rows
+import mpiutil
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+failures, checked = [], 0
+workdir = sys.argv[1]
+
+def expect(label, got, exp):
+    global checked
+    if rank == 0:
+        problem = same_rows(got, exp)
+        if problem:
+            failures.append(f"{label}: {problem}")
+        checked += 1
+
+def whole(**kw):
+    return pa.concat_tables([random_part(rank=r, **kw) for r in range(size)])
+
+for seed in range(3):
+    kw = dict(seed=seed, extra=True, key_range=8)
+    t = frame.from_local(comm, random_part(rank=rank, **kw))
+    # groupby: int, string and multi keys with nulls; every aggregate
+    for by in ("k", "s", ["k", "b"]):
+        got = t.groupby(by).agg({"v": ["sum", "count", "min", "max", "mean"], "f": "mean"}).gather()
+        if rank == 0:
+            names = [by] if isinstance(by, str) else by
+            W = pl.from_arrow(whole(**kw))
+            exp = W.group_by(names).agg(
+                pl.col("v").sum().alias("v_sum"), pl.col("v").count().alias("v_count"),
+                pl.col("v").min().alias("v_min"), pl.col("v").max().alias("v_max"),
+                pl.col("v").mean().alias("v_mean"), pl.col("f").mean().alias("f")).to_arrow()
+            # compare with means rounded: summation order differs between engines
+            def rounded(tab):
+                cols = {c: (pa.array([None if x is None else round(x, 9) for x in
+                                      tab.column(c).to_pylist()], pa.float64())
+                            if c in ("v_mean", "f") else tab.column(c)) for c in tab.column_names}
+                return pa.table(cols)
+            expect(f"groupby {by} seed={seed}", rounded(got), rounded(exp))
+    # unique: all columns and a subset keeps the first occurrence in rank order
+    got = frame.unique(t, ["k", "s"]).gather()
+    if rank == 0:
+        exp = pl.from_arrow(whole(**kw)).unique(["k", "s"], keep="first",
+                                                maintain_order=True).to_arrow()
+        expect(f"unique subset seed={seed}", got, exp)
+    got = t.select if False else frame.unique(frame.from_local(
+        comm, random_part(rank=rank, **dict(kw, key_range=3)).select(["k", "b"]))).gather()
+    if rank == 0:
+        exp = pl.from_arrow(whole(**dict(kw, key_range=3)).select(["k", "b"])).unique().to_arrow()
+        expect(f"unique all seed={seed}", got, exp)
+    # shuffle: same rows, equal keys on one rank, co-partitioned across tables
+    sh = t.shuffle(["s", "k"])
+    mine = set(zip(sh.local.column("s").to_pylist(), sh.local.column("k").to_pylist()))
+    everyone = comm.allgather(mine)
+    overlap = any(everyone[i] & everyone[j] for i in range(size) for j in range(i + 1, size))
+    got = sh.gather()
+    if rank == 0:
+        if overlap:
+            failures.append(f"shuffle seed={seed}: a key landed on two ranks")
+        expect(f"shuffle seed={seed}", got, whole(**kw))
+    # gather to another root
+    root = size - 1
+    g = t.gather(root=root)
+    if (g is not None) != (rank == root):
+        failures.append(f"gather root={root}: rank {rank} got {g is not None}")
+    if rank == root and same_rows(g, whole(**kw)):
+        failures.append("gather to last rank lost rows")
+
+# exchange formats: mixed-width fixed columns travel as raw buffers, a rank with nulls as IPC
+def mixed(r):
+    rng = np.random.default_rng([3, r])
+    n = 37 + 11 * r
+    mask = (np.arange(n) % 5 == 0) if r == 1 else None
+    return pa.table({"i8": pa.array(rng.integers(-100, 100, n), pa.int8()),
+                     "i32": pa.array(rng.integers(0, 9, n), pa.int32(), mask=mask),
+                     "f64": rng.random(n),
+                     "ts": pa.array(rng.integers(0, 10**6, n), pa.timestamp("ms")),
+                     "u16": pa.array(rng.integers(0, 60000, n), pa.uint16())})
+for by in ("i32", ["i8", "ts"], "u16"):
+    got = frame.shuffle(frame.from_local(comm, mixed(rank)), by).gather()
+    if rank == 0:
+        expect(f"mixed-width shuffle by {by}", got, pa.concat_tables([mixed(r) for r in range(size)]))
+got = frame.sort(frame.from_local(comm, mixed(rank).drop_null()), "f64").gather()
+if rank == 0:
+    exp = pl.from_arrow(pa.concat_tables([mixed(r).drop_null() for r in range(size)])).sort(
+        "f64", maintain_order=True).to_arrow()
+    if got.to_pylist() != exp.to_pylist():
+        failures.append("mixed-width sort differs from polars")
+
+# generate: paper's data, reproducible, seed=None is the rank
+a, b = frame.generate(comm, 1000), frame.generate(comm, 1000, seed=None)
+c = frame.generate(comm, 1000, seed=5)
+keys = a.local.column("key").to_numpy()
+ok = (a.local.equals(b.local) and not a.local.equals(c.local) and a.local_rows == 1000
+      and a.local.schema == pa.schema([("key", pa.int64()), ("value", pa.int64())])
+      and keys.min() >= 0 and keys.max() < 0.9 * 1000 * size
+      and np.array_equal(keys, np.random.default_rng(rank).integers(0, int(900 * size), 1000)))
+if not comm.allreduce(ok, MPI.LAND) and rank == 0:
+    failures.append("generate: not the paper's reproducible data")
+if a.num_rows() != 1000 * size and rank == 0:
+    failures.append("num_rows")
+
+# Parquet round trip (one part per rank, empty partitions included) and row-group splitting
+kw = dict(seed=11, extra=True, empty_ranks=(size - 1,) if size > 1 else ())
+t = frame.from_local(comm, random_part(rank=rank, **kw))
+pdir = os.path.join(workdir, "pq")
+t.to_parquet(pdir)
+back = frame.read_parquet(comm, pdir)
+got = back.gather()
+if rank == 0:
+    expect("parquet round trip", got, whole(**kw))
+    if got.schema != whole(**kw).schema:
+        failures.append(f"parquet schema {got.schema}")
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"x": np.arange(1000)}), os.path.join(workdir, "one.parquet"),
+                   row_group_size=100)
+comm.Barrier()
+one = frame.read_parquet(comm, os.path.join(workdir, "one.parquet"))
+counts = comm.allgather(one.local_rows)
+got = one.gather()
+if rank == 0:
+    if sorted(got.column("x").to_pylist()) != list(range(1000)):
+        failures.append("row groups lost")
+    if size > 1 and max(counts) > 1000 // size + 100:
+        failures.append(f"one file not split by row groups: {counts}")
+
+# CSV: files read by different ranks, ranks without a file get the schema
+if rank == 0:
+    os.makedirs(os.path.join(workdir, "csv"), exist_ok=True)
+    for i in range(2):
+        pcsv.write_csv(pa.table({"a": [i, i + 10], "b": ["x", "y"]}),
+                       os.path.join(workdir, "csv", f"f{i}.csv"))
+comm.Barrier()
+cs = frame.read_csv(comm, os.path.join(workdir, "csv"))
+got = cs.gather()
+if rank == 0:
+    expect("csv", got, pa.table({"a": [0, 10, 1, 11], "b": ["x", "y", "x", "y"]}))
+if cs.local.schema.names != ["a", "b"]:
+    failures.append(f"csv schema on rank {rank}: {cs.local.schema}")
+
+mpiutil.report({"failures": failures, "checked": checked})
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_ops_match_polars(ranks, tmp_path):
+    run = run_mpi(SCRIPT, ranks, timeout=240, args=[tmp_path])
+    reports = run.values(ranks)
+    assert "Warning" not in run.stderr, run.stderr
+    for r in reports:
+        assert r["failures"] == [], "\n".join(r["failures"][:10])
+    assert reports[0]["checked"] == 3 * 6 + 2 + 3

@@ -1,0 +1,92 @@
+"""Distributed sort == polars' stable sort of the concatenated input (mpiexec -n 1, 2, 3)."""
+import pytest
+
+from mpiutil import run_mpi
+
+SCRIPT = r"""
+import math
+import numpy as np
+import pyarrow as pa
+import polars as pl
+from mpi4py import MPI
+from hetflow import frame
+from frame_cases import random_part
+import mpiutil
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+failures, checked, balance = [], 0, []
+
+def check(label, make, by, ascending=True, balance_bound=None):
+    global checked
+    part = make(rank)
+    out = frame.sort(frame.from_local(comm, part), by, ascending)
+    rows = comm.allgather(out.local_rows)
+    got = out.gather()
+    if rank == 0:
+        whole = pa.concat_tables([make(r) for r in range(size)])
+        names = [by] if isinstance(by, str) else list(by)
+        asc = [ascending] * len(names) if isinstance(ascending, bool) else list(ascending)
+        exp = pl.from_arrow(whole).sort(names, descending=[not a for a in asc], nulls_last=True,
+                                        maintain_order=True).to_arrow()
+        if got.to_pylist() != exp.to_pylist():
+            g, e = got.to_pylist(), exp.to_pylist()
+            first = next((i for i, (a, b) in enumerate(zip(g, e)) if a != b), min(len(g), len(e)))
+            failures.append(f"{label}: differs from polars at row {first} of {len(e)}: "
+                            f"got {g[first:first + 2]}, expected {e[first:first + 2]}")
+        if out.backend != "cpu":
+            failures.append(f"{label}: backend {out.backend!r}")
+        if balance_bound is not None and max(rows) > balance_bound(sum(rows)):
+            failures.append(f"{label}: unbalanced {rows}")
+        balance.append((label, rows))
+        checked += 1
+
+def ints(seed, n, high, nulls=0.0):
+    return lambda r: random_part(seed, r, rows=n, key_range=high, null_rate=nulls)
+
+for seed in range(3):
+    # numeric fast path (no nulls), both directions, with duplicates and an empty rank
+    check(f"int asc {seed}", ints(seed, 200, 50), "k", True)
+    check(f"int desc {seed}", ints(seed, 200, 50), "k", False)
+    check(f"float desc {seed}", ints(seed, 150, 50), "f", False)
+    check(f"empty rank 0 {seed}", lambda r, s=seed: random_part(s, r, rows=100, null_rate=0,
+                                                               empty_ranks=(0,)), "k")
+    # general path: nulls, strings, multi-key, mixed directions, temporal, bool
+    check(f"int nulls {seed}", ints(seed, 120, 30, 0.2), "k", True)
+    check(f"int nulls desc {seed}", ints(seed, 120, 30, 0.2), "k", False)
+    check(f"strings {seed}", lambda r, s=seed: random_part(s, r, extra=True), "s")
+    check(f"multi mixed {seed}", lambda r, s=seed: random_part(s, r, extra=True),
+          ["s", "k", "f"], [False, True, False])
+    check(f"large_string+ts {seed}", lambda r, s=seed: random_part(s, r, extra=True),
+          ["ls", "ts"], [True, False])
+    check(f"bool+int {seed}", lambda r, s=seed: random_part(s, r, extra=True, null_rate=0),
+          ["b", "v"], [False, True])
+    check(f"timestamp no nulls {seed}",
+          lambda r, s=seed: random_part(s, r, extra=True, null_rate=0), "ts", False)
+
+# heavy skew: one key on 90% of the rows must still be spread over the ranks
+def skewed(r, n=3000):
+    rng = np.random.default_rng([7, r])
+    k = np.where(rng.random(n) < 0.9, 42, rng.integers(0, 1000, n))
+    return pa.table({"k": k, "v": np.arange(n) + r * n})
+bound = lambda total: math.ceil(total / size) + total // (8 * size) + 1
+check("heavy skew", skewed, "k", True, balance_bound=bound)
+check("single key everywhere", lambda r: pa.table({"k": np.zeros(2000, np.int64),
+                                                    "v": np.arange(2000)}), "k",
+      balance_bound=bound)
+check("skew strings", lambda r: pa.table({"s": ["same"] * 900 + ["x%d" % i for i in range(100)],
+                                          "v": np.arange(1000)}), "s", balance_bound=bound)
+check("uniform balance", lambda r: random_part(5, r, rows=4000, key_range=10**9, null_rate=0),
+      "k", balance_bound=bound)
+check("all ranks empty", lambda r: random_part(0, r, empty_ranks=range(size)), "k")
+mpiutil.report({"failures": failures, "checked": checked, "balance": balance})
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_sort_matches_polars(ranks):
+    run = run_mpi(SCRIPT, ranks, timeout=240)
+    reports = run.values(ranks)
+    assert "Warning" not in run.stderr, run.stderr
+    assert reports[0]["checked"] == 3 * 11 + 5
+    assert reports[0]["failures"] == [], "\n".join(reports[0]["failures"][:10])

@@ -1,0 +1,43 @@
+"""Runtime-level behaviour: Parsl monitoring of MPI apps, run-dir clean-up."""
+import os
+import sqlite3
+
+import pytest
+
+import hetflow
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@hetflow.mpi_app(ranks=2)
+def counted(comm, x):
+    return comm.allreduce(x)
+
+
+@hetflow.mpi_app(ranks=1)
+def noop(comm):
+    return None
+
+
+def test_parsl_monitoring_records_mpi_apps(tmp_path):
+    from parsl.monitoring import MonitoringHub
+
+    db = tmp_path / "monitoring.db"
+    hub = MonitoringHub(logging_endpoint=f"sqlite:///{db}", resource_monitoring_enabled=False)
+    with hetflow.runtime("mpirun", max_ranks=4, monitoring=hub):
+        assert counted.options(ranks=1)(5).result() == 5
+        assert noop().result() is None
+    with sqlite3.connect(db) as con:
+        names = sorted(r[0] for r in con.execute("SELECT task_func_name FROM task"))
+        states = {r[0] for r in con.execute("SELECT task_status_name FROM status")}
+    assert names == ["counted", "noop"]
+    assert "exec_done" in states
+
+
+def test_runtime_removes_its_temp_run_dir():
+    with hetflow.runtime("mpirun", max_ranks=2) as dfk:
+        run_dir = dfk.executors["mpirun"].run_dir
+        assert noop().result() is None
+        assert os.path.isdir(run_dir)
+    assert not os.path.exists(run_dir)
+    assert not os.path.exists(os.path.dirname(run_dir))
