@@ -14,12 +14,13 @@ if HERE not in sys.path:
 #: machine, so 3-rank tasks and heterogeneous pairs fit; oversubscribed on purpose).
 EXECUTOR_OPTIONS = {
     "mpirun": {"max_ranks": 4},
+    "parsl": {"max_ranks": 4},
     "pool": {"max_ranks": 4},
     "radical": {"max_ranks": 4},
 }
 
 #: The executors the parity suite runs on; each back-end adds itself here when it lands.
-PARITY_EXECUTORS = ["mpirun", "pool", "radical"]
+PARITY_EXECUTORS = ["mpirun", "parsl", "pool", "radical"]
 
 
 @pytest.fixture(scope="module", params=PARITY_EXECUTORS)
