@@ -14,10 +14,11 @@ if HERE not in sys.path:
 #: machine, so 3-rank tasks and heterogeneous pairs fit; oversubscribed on purpose).
 EXECUTOR_OPTIONS = {
     "mpirun": {"max_ranks": 4},
+    "radical": {"max_ranks": 4},
 }
 
 #: The executors the parity suite runs on; each back-end adds itself here when it lands.
-PARITY_EXECUTORS = ["mpirun"]
+PARITY_EXECUTORS = ["mpirun", "radical"]
 
 
 @pytest.fixture(scope="module", params=PARITY_EXECUTORS)
