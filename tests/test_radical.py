@@ -1,0 +1,90 @@
+"""What only the RADICAL-Pilot executor has: its resource config, its run dir, clean exit.
+
+The parity suite (test_parity.py) covers results and errors on one module-scoped
+pilot; this file starts one more pilot, in a run dir of its own, to check where
+RP's files go and that nothing is left running or on disk afterwards.
+"""
+import json
+import os
+import sys
+import tempfile
+
+import psutil
+import pytest
+
+import hetflow
+from hetflow.executors.radical import (LOCAL_RESOURCE, RadicalExecutor, local_resource_config,
+                                       session_processes)
+
+
+@hetflow.mpi_app(ranks=2, returns="all")
+def where(comm):
+    return (comm.Get_rank(), comm.Get_size(), os.getcwd())
+
+
+def test_local_resource_config_uses_real_slots_and_the_venv_mpi():
+    config = local_resource_config(5)["local"]
+    assert config["cores_per_node"] == 5
+    assert config["virtenv"] == sys.prefix
+    bindir = os.path.dirname(sys.executable)
+    assert os.path.exists(os.path.join(bindir, "mpiexec"))
+    assert config["launch_methods"]["order"][0] == "MPIEXEC"
+    assert bindir in config["launch_methods"]["MPIEXEC"]["pre_exec_cached"][0]
+
+
+def test_bad_options_fail_at_construction():
+    with pytest.raises(hetflow.ConfigError, match="mode"):
+        RadicalExecutor(mode="fast")
+    with pytest.raises(hetflow.ConfigError, match="config_dir"):
+        RadicalExecutor(resource="mysite.slurm")
+    with pytest.raises(hetflow.ConfigError, match="not a directory"):
+        RadicalExecutor(resource="mysite.slurm", config_dir="/nonexistent/hetflow")
+
+
+def test_user_resource_config_dir_is_handed_to_rp(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "resource_mysite.json").write_text(json.dumps({"slurm": {"cores_per_node": 128}}))
+    ex = RadicalExecutor(resource="mysite.slurm", config_dir=str(site), max_ranks=4)
+    ex.base = str(tmp_path / "run")
+    saved = {k: os.environ.get(k) for k in ("RADICAL_CONFIG_USER_DIR", "PATH")}
+    try:
+        ex._set_environment()
+        user_dir = os.environ["RADICAL_CONFIG_USER_DIR"]
+        copied = os.path.join(user_dir, ".radical", "pilot", "configs", "resource_mysite.json")
+        assert json.load(open(copied)) == {"slurm": {"cores_per_node": 128}}
+        assert user_dir.startswith(ex.base)
+    finally:
+        for key, value in ex._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    assert {k: os.environ.get(k) for k in saved} == saved
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_sandbox_in_run_dir_cleaned_and_no_process_left():
+    assert LOCAL_RESOURCE == "hetflow.local"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    env_before = os.environ.get("RADICAL_PILOT_BASE")
+    with tempfile.TemporaryDirectory() as tmp:
+        sandbox = os.path.join(tmp, "rp")
+        with hetflow.runtime("radical", max_ranks=2, sandbox_dir=sandbox) as dfk:
+            ex = dfk.executors["radical"]
+            ranks = where().result(timeout=120)
+            assert [(r, s) for r, s, _ in ranks] == [(0, 2), (1, 2)]
+            # RP's session dir, pilot sandbox and task sandboxes all live in the run dir.
+            assert all(cwd.startswith(sandbox) for _, _, cwd in ranks)
+            assert os.listdir(os.path.join(sandbox, "sessions"))
+            assert os.listdir(os.path.join(sandbox, "sandbox"))
+            assert session_processes(sandbox), "the pilot's processes should be found"
+            assert set(ex.timings) >= {"session_s", "pilot_s", "raptor_s"}
+        assert not os.path.exists(sandbox)
+        assert "close_s" in ex.timings
+        assert session_processes(sandbox) == []
+    after = [p for p in psutil.Process().children(recursive=True)
+             if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+    assert after == []
+    assert os.environ.get("RADICAL_PILOT_BASE") == env_before
