@@ -44,9 +44,13 @@ def measure(name: str, **options) -> dict:
 
 
 if __name__ == "__main__":
-    results = {name: measure(name) for name in ("mpirun", "radical")}
+    import sys
+
+    # "exec": the radical runtime with every task as an RP MPI executable task.
+    mode = sys.argv[1] if len(sys.argv) > 1 else "auto"
+    results = {"mpirun": measure("mpirun"), "radical": measure("radical", mode=mode)}
     keys = sorted(set(results["mpirun"]) | set(results["radical"]))
-    print(f"{'metric':28s} {'mpirun':>10s} {'radical':>10s} {'ratio':>8s}")
+    print(f"{'metric':28s} {'mpirun':>10s} {'radical':>10s} {'ratio':>8s}   (radical mode={mode})")
     for key in keys:
         a, b = results["mpirun"].get(key), results["radical"].get(key)
         ratio = f"{b / a:8.2f}" if a and b else "       -"
