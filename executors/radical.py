@@ -1,330 +1,599 @@
-"""RADICAL-Pilot: one pilot per runtime session, each MPI task an RP MPI task inside it.
+"""RADICAL-Pilot: one pilot per runtime session, MPI tasks run inside it.
 
-Each hetflow task becomes one RP *MPI executable task* (``ranks=R``) that runs
-hetflow's shared rank-side runner, ``python -m hetflow.executors._rank TASKDIR``,
-under the pilot's ``mpiexec``: the pilot's agent places and launches it, and the
-ranks report through the task dir exactly as under the ``mpirun`` executor, so
-values and errors are identical by construction.
+Two task paths, chosen per task (``mode="auto"``):
 
-Why executable tasks and not RAPTOR MPI function tasks (the Radical-Cylon way):
-RAPTOR runs every task's function inside the long-lived ranks of one
-``MPIWorker``; RP ignores a function task's ``timeout`` and cannot cancel it
-while it runs, and a rank that crashes (``os._exit``, a segfault) takes the whole
-worker down with every other task on it. Executable tasks get walltime
-(``timeout``), cancellation (``cancel_tasks``) and crash isolation from the agent.
-The price is an interpreter + MPI start per task (see the README's figures).
+- **RAPTOR** (the Radical-Cylon way, the default): a RAPTOR master and one
+  ``rp.raptor.MPIWorker`` of ``max_ranks`` ranks live for the whole session;
+  each task is an MPI *function* task (``ranks=N``) whose per-rank function is
+  hetflow's shared :func:`run_on_rank` on the sub-communicator the worker builds.
+  No process is launched per task.
+- **Executable**: an RP MPI executable task running
+  ``python -m hetflow.executors._rank TASKDIR`` (a fresh ``mpiexec -n N``), used
+  for tasks with a ``walltime``: it can be stopped alone, without touching the
+  tasks that share the RAPTOR worker.
+
+RP cannot time out or cancel a running function task, and a rank that dies or
+raises while its peers wait in a collective takes the whole MPI worker with it.
+hetflow therefore watches every RAPTOR task from the client (pid files and
+outcomes in the task dir): on a crash, a stuck failure, a cancel or a walltime
+it stops the worker, fails that task with the typed error, starts a new worker
+and resubmits the other tasks that were running on it (they run again).
 """
 from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
 import sys
 import threading
 import time
-import warnings
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Optional
+from dataclasses import dataclass, field
+from importlib import resources as importlib_resources
+from typing import Dict, List, Optional
 
-from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, TaskCancelled, TaskLost,
+import psutil
+
+from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, TaskCancelled,
                             WalltimeExceeded)
-from hetflow.executors._radical_config import (LOCAL_RESOURCE, end_processes,
-                                               local_resource_config, scoped_environ,
-                                               write_local_config)
 from hetflow.executors._rank import read_deaths, read_outcomes
-from hetflow.executors.base import HetflowExecutor, collect
-from hetflow.executors.launch import default_mpiexec
+from hetflow.executors.base import HetflowExecutor, SlotScheduler, collect
+from hetflow.executors.launch import MPILaunch, kill_tree
 from hetflow.spec import Resources
 
+#: Resource label of hetflow's own config for this machine (resource_hetflow.json).
+LOCAL_RESOURCE = "hetflow.local"
+MODES = ("auto", "raptor", "exec")
+_FINAL = ("DONE", "FAILED", "CANCELED")
+#: Seconds a RAPTOR task may sit with a failed rank before its peers count as stuck.
+_FAILURE_GRACE_S = 1.0
 
-def _rp():
-    """``radical.pilot``, imported lazily (it is slow) and without its import-order warning.
+_RP_ENV = ("RADICAL_CONFIG_USER_DIR", "RADICAL_PILOT_BASE", "RADICAL_BASE", "RADICAL_REPORT",
+           "RADICAL_DEFAULT_IFACE", "RADICAL_LOG_LVL", "PATH")
 
-    radical.utils warns when ``logging`` was imported first (fork-safety of its
-    locks); by the time a Parsl executor starts that is always the case.
+
+@dataclass
+class _Task:
+    """Client-side record of one hetflow task inside the pilot."""
+
+    task_id: int
+    future: Future
+    resources: Resources
+    taskdir: str
+    payload: bytes
+    path: str                       # "raptor" or "exec"
+    slots: list = field(default_factory=list)
+    rp_task: object = None
+    launched: float = float("nan")
+    deadline: Optional[float] = None
+    error: Optional[BaseException] = None   # decided by the client (cancel, walltime)
+    failed_seen: Optional[float] = None
+
+
+class RadicalExecutor(HetflowExecutor):
+    """A Parsl executor running hetflow MPI apps inside one RADICAL-Pilot pilot.
+
+    resource / config_dir: the RP resource label and a folder of ``resource_*.json``
+    files (e.g. a Slurm site); default: hetflow's config for this machine.
+    pilot: extra ``PilotDescription`` fields (``runtime``, ``queue``, ``project``, ...).
+    sandbox_dir: where sessions, sandboxes and logs go (default: inside the runtime's
+    run dir); removed at shutdown unless ``keep_sandbox``.
+    mode: "auto" (RAPTOR; walltime tasks as executable tasks), "raptor" or "exec".
     """
+
+    def __init__(self, label: str = "radical", *, max_ranks: Optional[int] = None,
+                 resource: Optional[str] = None, config_dir: Optional[str] = None,
+                 pilot: Optional[dict] = None, sandbox_dir: Optional[str] = None,
+                 keep_sandbox: bool = False, mode: str = "auto",
+                 startup_timeout: float = 300.0, gpus: Optional[int] = None):
+        super().__init__(label=label, max_ranks=max_ranks, gpus=gpus)
+        if mode not in MODES:
+            raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        if (resource is None) != (config_dir is None) and resource not in (None, LOCAL_RESOURCE):
+            raise ConfigError("an HPC resource needs both resource= (its label, e.g. "
+                              "'mysite.slurm') and config_dir= (folder with resource_mysite.json)")
+        if config_dir is not None and not os.path.isdir(config_dir):
+            raise ConfigError(f"config_dir {config_dir!r} is not a directory")
+        if not startup_timeout > 0:
+            raise ConfigError(f"startup_timeout must be > 0 seconds, got {startup_timeout!r}")
+        self.resource = resource or LOCAL_RESOURCE
+        self.config_dir = config_dir
+        self.pilot_options = dict(pilot or {})
+        self.sandbox_dir = sandbox_dir
+        self.keep_sandbox = keep_sandbox
+        self.mode = mode
+        self.startup_timeout = startup_timeout
+        #: Seconds each start-up / close phase took (session, pilot, raptor, close).
+        self.timings: Dict[str, float] = {}
+        self._cond = threading.Condition()
+        self._scheduler = SlotScheduler(self.max_ranks)
+        self._queued: Dict[Future, _Task] = {}
+        self._running: Dict[str, _Task] = {}      # RP uid -> task
+        self._stopping = False
+        self._session = None
+        self._saved_env: Dict[str, Optional[str]] = {}
+        self._threads: List[threading.Thread] = []
+        self._worker_root: Optional[int] = None   # pid of the RAPTOR worker's mpiexec
+
+    # ------------------------------------------------------------------ start / stop
+    def start(self) -> None:
+        self.base = os.path.abspath(self.sandbox_dir or os.path.join(self.run_dir, "radical"))
+        self.task_root = os.path.join(self.base, "tasks")
+        os.makedirs(self.task_root, exist_ok=True)
+        self._set_environment()
+        try:
+            self._start_pilot()
+        except BaseException:
+            self._close_session()
+            raise
+        for target in (self._dispatch, self._watch):
+            thread = threading.Thread(target=target, name=f"{self.label}-{target.__name__}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _set_environment(self) -> None:
+        """RP reads its dirs and interface from the environment: point them at the run dir."""
+        config_root = os.path.join(self.base, "config")
+        configs = os.path.join(config_root, ".radical", "pilot", "configs")
+        os.makedirs(configs, exist_ok=True)
+        if self.config_dir:
+            for name in os.listdir(self.config_dir):
+                if name.startswith("resource_") and name.endswith(".json"):
+                    shutil.copy(os.path.join(self.config_dir, name), configs)
+        if self.resource == LOCAL_RESOURCE:
+            with open(os.path.join(configs, "resource_hetflow.json"), "w") as fh:
+                json.dump(local_resource_config(self.pilot_cores()), fh, indent=1)
+        env = {"RADICAL_CONFIG_USER_DIR": config_root,
+               "RADICAL_PILOT_BASE": os.path.join(self.base, "sessions"),
+               "RADICAL_BASE": os.path.join(self.base, "radical"),
+               "RADICAL_REPORT": "FALSE",
+               "RADICAL_DEFAULT_IFACE": "lo" if self.resource == LOCAL_RESOURCE
+               else os.environ.get("RADICAL_DEFAULT_IFACE", ""),
+               "RADICAL_LOG_LVL": os.environ.get("RADICAL_LOG_LVL", "WARNING"),
+               # RP starts its bridges by command name: the venv's bin must be on PATH.
+               "PATH": os.pathsep.join([os.path.dirname(sys.executable),
+                                        os.environ.get("PATH", "")])}
+        for key, value in env.items():
+            self._saved_env[key] = os.environ.get(key)
+            if value:
+                os.environ[key] = value
+        os.makedirs(env["RADICAL_PILOT_BASE"], exist_ok=True)
+
+    def pilot_cores(self) -> int:
+        """Cores the local pilot claims: worker + master + room for executable tasks.
+
+        The client-side scheduler keeps real use within ``max_ranks``; the pilot
+        only needs enough (fake) cores that RP never blocks a task hetflow admitted.
+        """
+        return 2 * self.max_ranks + 1
+
+    def _start_pilot(self) -> None:
+        rp = import_rp()
+
+        t0 = time.time()
+        self._session = rp.Session()
+        self.timings["session_s"] = time.time() - t0
+        self._pmgr = rp.PilotManager(session=self._session)
+        self._tmgr = rp.TaskManager(session=self._session)
+        self._tmgr.register_callback(self._state_cb)
+        description = {"resource": self.resource, "runtime": 24 * 60,
+                       "sandbox": os.path.join(self.base, "sandbox")}
+        if self.resource == LOCAL_RESOURCE:
+            description["cores"] = self.pilot_cores()
+        description.update(self.pilot_options)
+        t0 = time.time()
+        pilot = self._pmgr.submit_pilots([rp.PilotDescription(description)])[0]
+        self._tmgr.add_pilots(pilot)
+        pilot.wait([rp.PMGR_ACTIVE, rp.FAILED, rp.CANCELED], timeout=self.startup_timeout)
+        if pilot.state != rp.PMGR_ACTIVE:
+            raise LaunchError(f"RADICAL-Pilot pilot on {self.resource!r} is {pilot.state} after "
+                              f"{time.time() - t0:.0f} s (startup_timeout={self.startup_timeout})",
+                              logs=[os.path.join(self.base, "sandbox")])
+        self._pilot = pilot
+        self.timings["pilot_s"] = time.time() - t0
+        if self.mode != "exec":
+            t0 = time.time()
+            self._raptor = pilot.submit_raptors(rp.TaskDescription({"mode": rp.RAPTOR_MASTER}))[0]
+            self._start_worker()
+            self._probe()
+            self.timings["raptor_s"] = time.time() - t0
+
+    def _start_worker(self) -> None:
+        rp = import_rp()
+
+        self._raptor.submit_workers(rp.TaskDescription(
+            {"mode": rp.RAPTOR_WORKER, "ranks": self.max_ranks, "raptor_class": "MPIWorker"}))
+
+    def _probe(self) -> None:
+        """Run one no-op task on the whole worker: it is up, and its mpiexec is known."""
+        rp = import_rp()
+
+        taskdir = os.path.join(self.task_root, f"probe-{time.time_ns()}")
+        os.makedirs(taskdir)
+        payload = self.payload(-1, _noop, (), {}, Resources(ranks=self.max_ranks))
+        td = self._function_description(payload, taskdir, self.max_ranks)
+        task = self._raptor.submit_tasks([td])[0]
+        task.wait([rp.DONE, rp.FAILED, rp.CANCELED], timeout=self.startup_timeout)
+        if task.state != rp.DONE:
+            raise LaunchError(f"RAPTOR MPI worker of {self.max_ranks} ranks did not run a task "
+                              f"(state {task.state}): {task.stderr}",
+                              logs=[os.path.join(self.base, "sandbox")])
+        self._worker_root = _launcher_of(_pids(taskdir))
+        shutil.rmtree(taskdir, ignore_errors=True)
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._stopping = True
+            queued = [entry[0] for entry in self._scheduler.queue]
+            self._scheduler.queue.clear()
+            running = list(self._running.values())
+            self._running.clear()
+            self._cond.notify_all()
+        for task in queued + running:
+            self.deliver(task.future, error=ExecutorBroken(
+                f"executor {self.label!r} shut down before task {task.task_id} finished"))
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self._close_session()
+        if not self.keep_sandbox:
+            shutil.rmtree(self.base, ignore_errors=True)
+        super().shutdown()
+
+    def _close_session(self) -> None:
+        t0 = time.time()
+        me = psutil.Process()
+        if self._worker_root is not None:
+            kill_tree(self._worker_root)   # don't wait for RP to wind the worker down
+        if self._session is not None:
+            try:
+                self._pmgr.cancel_pilots()
+            except Exception:
+                pass
+            try:
+                self._session.close(download=False)
+            except Exception:
+                pass
+            self._session = None
+        # Whatever RP left running (bridges, agent, launchers) is ended here.
+        for proc in me.children(recursive=True) + session_processes(self.base):
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    kill_tree(proc.pid)
+            except psutil.NoSuchProcess:
+                pass
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env.clear()
+        self.timings["close_s"] = time.time() - t0
+
+    # ------------------------------------------------------------------ submit
+    def submit(self, func, resource_specification, *args, **kwargs) -> Future:
+        if self._stopping:
+            raise ExecutorBroken(f"executor {self.label!r} is shut down")
+        task_id, resources, future = self.new_task(resource_specification)
+        taskdir = os.path.join(self.task_root, f"task-{task_id:06d}")
+        payload = self.payload(task_id, func, args, kwargs, resources)
+        path = "exec" if self.mode == "exec" or (self.mode == "auto" and resources.walltime) \
+            else "raptor"
+        if path == "exec":
+            # The launch-per-task layout the shared rank runner reads (task.pkl, meta.json).
+            MPILaunch(taskdir, payload, resources, self.client_sys_path(), [], {})
+        else:
+            os.makedirs(taskdir, exist_ok=True)
+        task = _Task(task_id=task_id, future=future, resources=resources, taskdir=taskdir,
+                     payload=payload, path=path)
+        with self._cond:
+            self._queued[future] = task
+            self._scheduler.push(task, resources.cores)
+            self._cond.notify()
+        return future
+
+    def _function_description(self, payload: bytes, taskdir: str, ranks: int):
+        from hetflow.executors._radical_rank import raptor_rank
+        rp = import_rp()
+
+        # The worker puts the task's communicator where the first argument is None.
+        return rp.TaskDescription({
+            "mode": rp.TASK_FUNCTION, "ranks": ranks,
+            "function": rp.PythonTask(raptor_rank, [None, payload, taskdir,
+                                                   self.client_sys_path()], {})})
+
+    def _executable_description(self, task: _Task):
+        rp = import_rp()
+
+        return rp.TaskDescription({
+            "mode": rp.TASK_EXECUTABLE, "ranks": task.resources.ranks,
+            "cores_per_rank": task.resources.cores_per_rank,
+            "executable": sys.executable,
+            "arguments": ["-m", "hetflow.executors._rank", task.taskdir]})
+
+    def _dispatch(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not (ready := self._scheduler.pop_ready()):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                for task, slots in ready:
+                    self._queued.pop(task.future, None)
+                    task.slots = slots
+            self._submit_to_rp([task for task, _ in ready])
+
+    def _submit_to_rp(self, tasks: List[_Task]) -> None:
+        functions = [t for t in tasks if t.path == "raptor"]
+        executables = [t for t in tasks if t.path == "exec"]
+        try:
+            submitted = []
+            if functions:
+                tds = [self._function_description(t.payload, t.taskdir, t.resources.ranks)
+                       for t in functions]
+                submitted += list(zip(functions, self._raptor.submit_tasks(tds)))
+            if executables:
+                tds = [self._executable_description(t) for t in executables]
+                submitted += list(zip(executables, self._tmgr.submit_tasks(tds)))
+        except BaseException as exc:  # noqa: BLE001 - the futures must learn about it
+            for task in tasks:
+                self._finish(task, error=LaunchError(f"could not submit task {task.task_id} "
+                                                     f"to RADICAL-Pilot: {exc}"))
+            return
+        now = time.time()
+        with self._cond:
+            for task, rp_task in submitted:
+                task.rp_task = rp_task
+                task.launched = now
+                if task.resources.walltime:
+                    task.deadline = now + task.resources.walltime
+                self._running[rp_task.uid] = task
+            finished = [(t, r) for t, r in submitted if r.state in _FINAL]
+        for task, rp_task in finished:   # a callback may have fired before the record existed
+            self._state_cb(rp_task, rp_task.state)
+
+    # ------------------------------------------------------------------ completion
+    def _state_cb(self, rp_task, state) -> None:
+        if state not in _FINAL:
+            return
+        with self._cond:
+            task = self._running.pop(rp_task.uid, None)
+        if task is None:    # an abandoned copy (worker recycled) or a probe
+            return
+        if task.error is not None:
+            self._finish(task, error=task.error)
+            return
+        try:
+            stderr = rp_task.stderr
+            if isinstance(stderr, list):
+                stderr = "\n".join(s or "" for s in stderr)
+            exit_code = rp_task.exit_code
+            if isinstance(exit_code, list):
+                exit_code = max((c for c in exit_code if c is not None), default=None)
+            value = collect(read_outcomes(task.taskdir), task.resources, task_id=task.task_id,
+                            returncode=exit_code if state != "DONE" or exit_code else None,
+                            stderr_tail=(stderr or "")[-4000:], executor=self.label,
+                            deaths=read_deaths(task.taskdir))
+        except BaseException as exc:  # noqa: BLE001
+            self._finish(task, error=exc)
+            return
+        self._finish(task, value=value)
+
+    def _finish(self, task: _Task, value=None, error: Optional[BaseException] = None) -> None:
+        with self._cond:
+            self._scheduler.release(task.slots)
+            task.slots = []
+            self._cond.notify()
+        stamps = {"launched": task.launched}
+        try:
+            root = read_outcomes(task.taskdir).get(0)
+        except OSError:
+            root = None
+        if root is not None:
+            stamps.update(started=root.started, finished=root.finished,
+                          launched=min(task.launched, root.started))
+        if error is None and not self.keep_sandbox:
+            shutil.rmtree(task.taskdir, ignore_errors=True)
+        self.deliver(task.future, value, error, stamps)
+
+    # ------------------------------------------------------------------ watchdog
+    def _watch(self) -> None:
+        """Enforce walltimes and notice RAPTOR tasks the worker will never report."""
+        while not self._stopping:
+            time.sleep(0.1)
+            now = time.time()
+            with self._cond:
+                running = list(self._running.items())
+            for uid, task in running:
+                if task.error is not None:
+                    continue
+                if task.deadline is not None and now > task.deadline:
+                    self._stop(task, WalltimeExceeded(
+                        f"task {task.task_id} ({self.label}) exceeded its walltime of "
+                        f"{task.resources.walltime} s and was stopped",
+                        walltime=task.resources.walltime, task_id=task.task_id))
+                elif task.path == "raptor":
+                    self._check_raptor(task, now)
+
+    def _check_raptor(self, task: _Task, now: float) -> None:
+        pids = _pids(task.taskdir)
+        dead = [rank for rank, pid in pids.items() if not psutil.pid_exists(pid)
+                or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE]
+        failed = any(not o.ok for o in _safe_outcomes(task.taskdir).values())
+        if failed and task.failed_seen is None:
+            task.failed_seen = now
+        stuck = failed and now - task.failed_seen > _FAILURE_GRACE_S
+        if dead or stuck:
+            value, error = None, None
+            try:
+                value = collect(_safe_outcomes(task.taskdir), task.resources,
+                                task_id=task.task_id, executor=self.label,
+                                deaths=read_deaths(task.taskdir),
+                                stderr_tail="the RAPTOR MPI worker running this task was lost")
+            except BaseException as exc:  # noqa: BLE001 - this is the task's verdict
+                error = exc
+            self._recycle(task, error, value)
+
+    def _stop(self, task: _Task, error: BaseException) -> None:
+        """Stop one running task with ``error`` (walltime or cancel)."""
+        if task.path == "exec":
+            task.error = error
+            try:
+                self._tmgr.cancel_tasks(task.rp_task.uid)
+            except Exception:
+                pass
+            # RP reports CANCELED a moment later; don't let the caller wait on it.
+            with self._cond:
+                self._running.pop(task.rp_task.uid, None)
+            kill_tree_of(task.taskdir)
+            self._finish(task, error=error)
+        else:
+            self._recycle(task, error)
+
+    def _recycle(self, task: _Task, error: Optional[BaseException], value=None) -> None:
+        """Stop the RAPTOR worker, fail ``task``, restart the worker, rerun its neighbours."""
+        with self._cond:
+            if self._running.pop(task.rp_task.uid, None) is None:
+                return
+            neighbours = [t for uid, t in self._running.items() if t.path == "raptor"]
+            for t in neighbours:
+                self._running.pop(t.rp_task.uid, None)
+        root = _launcher_of(_pids(task.taskdir)) or self._worker_root
+        if root is not None:
+            kill_tree(root)
+        self._finish(task, value=value, error=error)
+        try:
+            self._start_worker()
+        except BaseException as exc:  # noqa: BLE001
+            for t in neighbours:
+                self._finish(t, error=ExecutorBroken(f"RAPTOR worker could not restart: {exc}"))
+            return
+        for t in neighbours:
+            for name in os.listdir(t.taskdir):
+                os.remove(os.path.join(t.taskdir, name))
+        self._worker_root = None
+        if neighbours:
+            self._submit_to_rp(neighbours)
+
+    def cancel(self, future: Future) -> bool:
+        """Cancel a queued or running task: its future fails with TaskCancelled."""
+        with self._cond:
+            task = self._queued.pop(future, None)
+            if task is not None:
+                self._scheduler.remove(task)
+        if task is not None:
+            self.deliver(future, error=TaskCancelled(
+                f"task {task.task_id} ({self.label}) was cancelled before it started"))
+            return True
+        with self._cond:
+            running = [t for t in self._running.values() if t.future is future]
+        if not running:
+            return False
+        self._stop(running[0], TaskCancelled(
+            f"task {running[0].task_id} ({self.label}) was cancelled while running"))
+        return True
+
+
+# ---------------------------------------------------------------------- helpers
+def import_rp():
+    """``radical.pilot``, without its warning that ``logging`` was imported first.
+
+    radical.utils patches ``logging`` for fork safety and warns when it comes too
+    late; hetflow never forks with logging locks held, and the warning would fail
+    any program (or test suite) that turns warnings into errors.
+    """
+    import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import radical.pilot as rp
     return rp
 
 
-@dataclass
-class _Entry:
-    """One submitted task, from submission to delivery."""
+def session_processes(base: str) -> List[psutil.Process]:
+    """Live processes started for the RP session whose files live under ``base``.
 
-    task_id: int
-    future: Future
-    resources: Resources
-    taskdir: str
-    uid: str = ""
-    launched: float = float("nan")
-    cancelled: bool = False
-    done: bool = False
-
-
-@dataclass
-class StartupTimes:
-    """Seconds each phase of the runtime's start and close took (for the reports)."""
-
-    session_s: float = float("nan")
-    pilot_active_s: float = float("nan")
-    close_s: float = float("nan")
-    killed_at_close: list = field(default_factory=list)
-
-
-class RadicalExecutor(HetflowExecutor):
-    """A Parsl executor that runs each MPI task inside one RADICAL-Pilot pilot.
-
-    max_ranks: the pilot's core count (default: this machine's cores); a task
-        needs ``ranks x cores_per_rank`` of them, more fails at once with
-        ResourcesUnavailable; tasks that don't fit yet wait in the agent.
-    resource: RP resource label. Default: hetflow's own single-node config
-        (``hetflow.localhost``: the real slot count, this environment's mpiexec).
-        For an HPC machine give its label (e.g. ``"tacc.frontera"``, or your own
-        ``"mysite.cluster"``) and ``resource_config_dir``, a directory holding
-        ``.radical/pilot/configs/resource_<site>.json``, plus what the batch
-        system needs in ``pilot_description`` (``project``, ``queue``, ``nodes``, ...).
-    sandbox_dir: where the RP session, pilot sandbox and logs go (default: under
-        the Parsl run dir, i.e. hetflow's run dir); removed on exit unless
-        ``keep_sandbox``.
-    interface: network interface RP's message bridges bind to (``"lo"`` keeps a
-        local pilot on loopback; None lets RP choose, as a multi-node pilot needs).
-    start_timeout: seconds to wait for the pilot to become active.
+    RP daemonises its bridges and agent (their parent is init), so they are not
+    the client's children: they are recognised by working directory or by the
+    ``RADICAL_PILOT_BASE`` in their environment.
     """
-
-    def __init__(self, label: str = "radical", *, max_ranks: Optional[int] = None,
-                 resource: Optional[str] = None, resource_config_dir: Optional[str] = None,
-                 pilot_description: Optional[Dict[str, Any]] = None,
-                 sandbox_dir: Optional[str] = None, keep_sandbox: bool = False,
-                 interface: Optional[str] = "lo", mpiexec: Optional[str] = None,
-                 python: Optional[str] = None, start_timeout: float = 300.0,
-                 pilot_runtime_min: int = 24 * 60, gpus: Optional[int] = None):
-        super().__init__(label=label, max_ranks=max_ranks, gpus=gpus)
-        if resource_config_dir is not None and resource is None:
-            raise ConfigError("resource_config_dir needs resource=<site>.<machine> (the label "
-                              "of a config in that dir)")
-        if resource_config_dir is not None and not os.path.isdir(resource_config_dir):
-            raise ConfigError(f"resource_config_dir {resource_config_dir!r} is not a directory")
-        if not (isinstance(start_timeout, (int, float)) and start_timeout > 0):
-            raise ConfigError(f"start_timeout must be > 0 seconds, got {start_timeout!r}")
-        self.resource = resource or LOCAL_RESOURCE
-        self.resource_config_dir = resource_config_dir
-        self.pilot_description = dict(pilot_description or {})
-        self.sandbox_dir = sandbox_dir
-        self.keep_sandbox = keep_sandbox
-        self.interface = interface
-        self.mpiexec = mpiexec or default_mpiexec()
-        self.python = python or sys.executable
-        self.start_timeout = float(start_timeout)
-        self.pilot_runtime_min = pilot_runtime_min
-        if self.resource == LOCAL_RESOURCE and self.gpus:
-            # hetflow's local config declares no GPUs: RP would never place a GPU task.
-            self.gpus = 0
-        self.times = StartupTimes()
-        self.session = None
-        self.pilot = None
-        self._tmgr = None
-        self._env: Optional[scoped_environ] = None
-        self._entries: Dict[str, _Entry] = {}       # RP uid -> entry
-        self._by_id: Dict[int, _Entry] = {}         # hetflow task id -> entry
-        self._submit_lock = threading.RLock()
-        self._finished: "queue.Queue[Optional[tuple]]" = queue.Queue()
-        self._finisher: Optional[threading.Thread] = None
-        self._stopping = False
-
-    # ------------------------------------------------------------------ life cycle
-    def start(self) -> None:
-        """Start an RP session and one pilot; return once the pilot is ACTIVE."""
-        self.base = os.path.abspath(self.sandbox_dir or os.path.join(self.run_dir,
-                                                                     f"{self.label}-rp"))
-        self.task_root = os.path.join(self.base, "tasks")
-        os.makedirs(self.task_root, exist_ok=True)
-        config_home = self.resource_config_dir
-        if self.resource == LOCAL_RESOURCE:
-            config_home = os.path.join(self.base, "config")
-            write_local_config(config_home, local_resource_config(
-                self.max_ranks, self.mpiexec, self.base))
-        self._env = scoped_environ({
-            "RADICAL_CONFIG_USER_DIR": config_home,
-            "RADICAL_BASE": os.path.join(self.base, "radical"),
-            "RADICAL_REPORT": "FALSE",
-            "RADICAL_DEFAULT_IFACE": self.interface,
-            # the agent's MPIEXEC launcher and the tasks find this environment's tools
-            "PATH": os.path.dirname(self.mpiexec) + os.pathsep + os.environ.get("PATH", ""),
-        })
-        self._env.apply()
-        self._finisher = threading.Thread(target=self._finish_loop, daemon=True,
-                                          name=f"{self.label}-finish")
-        self._finisher.start()
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid", "cwd", "status"]):
         try:
-            self._start_pilot()
-        except BaseException:
-            self._close()
-            raise
+            if proc.info["pid"] == me or proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            cwd = proc.info["cwd"] or ""
+            if cwd == base or cwd.startswith(base + os.sep) or \
+                    (proc.environ().get("RADICAL_PILOT_BASE") or "").startswith(base):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
 
-    def _start_pilot(self) -> None:
-        rp = _rp()
-        t0 = time.time()
-        self.session = rp.Session(cfg={"base": self.base, "client_sandbox": self.base})
-        self.times.session_s = time.time() - t0
-        pmgr = rp.PilotManager(session=self.session)
-        self._tmgr = rp.TaskManager(session=self.session)
-        self._tmgr.register_callback(self._state_cb)
-        description = {"resource": self.resource, "cores": self.max_ranks,
-                       "runtime": self.pilot_runtime_min,
-                       "sandbox": os.path.join(self.base, "sandbox")}
-        description.update(self.pilot_description)
-        try:
-            self.pilot = pmgr.submit_pilots(rp.PilotDescription(description))
-        except Exception as exc:
-            raise LaunchError(f"RADICAL-Pilot refused the pilot for {self.resource!r}: {exc}",
-                              logs=[self.session.path]) from exc
-        self._tmgr.add_pilots(self.pilot)
-        self.pilot.wait([rp.PMGR_ACTIVE] + rp.FINAL, timeout=self.start_timeout)
-        self.times.pilot_active_s = time.time() - t0 - self.times.session_s
-        if self.pilot.state != rp.PMGR_ACTIVE:
-            raise LaunchError(
-                f"the RADICAL-Pilot pilot on {self.resource!r} is {self.pilot.state} after "
-                f"{self.start_timeout:.0f} s (wanted PMGR_ACTIVE); keep_sandbox=True keeps the logs",
-                logs=[self.session.path, description["sandbox"]])
 
-    def shutdown(self) -> None:
-        """Fail unfinished tasks, close the session, end any process left, remove the sandbox."""
-        with self._submit_lock:
-            self._stopping = True
-            pending = [e for e in self._entries.values() if not e.done]
-            for entry in pending:
-                entry.done = True
-        for entry in pending:
-            self.deliver(entry.future, error=ExecutorBroken(
-                f"executor {self.label!r} shut down before task {entry.task_id} finished"))
-        self._close()
-        super().shutdown()
+def _noop():
+    return None
 
-    def _close(self) -> None:
-        t0 = time.time()
-        try:
-            if self.session is not None:
-                self.session.close(download=False)
-        finally:
-            self.session = None
-            self._finished.put(None)
-            # The pilot's bootstrap runs detached from this process: find leftovers by path.
-            self.times.killed_at_close = end_processes([self.base])
-            if self._env is not None:
-                self._env.restore()
-            if not self.keep_sandbox:
-                shutil.rmtree(self.base, ignore_errors=True)
-            self.times.close_s = time.time() - t0
 
-    # ------------------------------------------------------------------ tasks
-    def submit(self, func, resource_specification, *args, **kwargs) -> Future:
-        rp = _rp()
-        if self._stopping or self._tmgr is None:
-            raise ExecutorBroken(f"executor {self.label!r} is not running")
-        task_id, resources, future = self.new_task(resource_specification)
-        taskdir = os.path.join(self.task_root, f"task-{task_id:06d}")
-        os.makedirs(taskdir)
-        with open(os.path.join(taskdir, "task.pkl"), "wb") as fh:
-            fh.write(self.payload(task_id, func, args, kwargs, resources))
-        with open(os.path.join(taskdir, "meta.json"), "w") as fh:
-            json.dump({"resources": asdict(resources), "sys_path": self.client_sys_path()}, fh)
-        description = rp.TaskDescription({
-            "executable": self.python,
-            "arguments": ["-m", "hetflow.executors._rank", taskdir],
-            "ranks": resources.ranks,
-            "cores_per_rank": resources.cores_per_rank,
-            "gpus_per_rank": resources.gpus_per_rank,
-            "sandbox": taskdir,
-            # the agent kills the launch after this many seconds of running
-            "timeout": float(resources.walltime or 0.0),
-        })
-        entry = _Entry(task_id=task_id, future=future, resources=resources, taskdir=taskdir)
-        with self._submit_lock:  # hold it so the state callback finds the entry
-            task = self._tmgr.submit_tasks(description)
-            entry.uid = task.uid
-            self._entries[task.uid] = entry
-            self._by_id[task_id] = entry
-        return future
-
-    def _state_cb(self, task, state) -> None:
-        rp = _rp()
-        with self._submit_lock:
-            entry = self._entries.get(task.uid)
-        if entry is None:
-            return
-        if state == rp.AGENT_EXECUTING and entry.launched != entry.launched:
-            entry.launched = time.time()
-        elif state in rp.FINAL:
-            # Deliver off RP's callback thread: a result can trigger dependent submits.
-            self._finished.put((entry, state, task.exit_code, task.stderr or "",
-                                task.exception_detail or ""))
-
-    def _finish_loop(self) -> None:
-        while (item := self._finished.get()) is not None:
-            entry = item[0]
-            with self._submit_lock:
-                if entry.done:
-                    continue
-                entry.done = True
+def _pids(taskdir: str) -> Dict[int, int]:
+    """Rank -> pid, from the pid files RAPTOR ranks write."""
+    pids = {}
+    try:
+        names = os.listdir(taskdir)
+    except OSError:
+        return pids
+    for name in names:
+        if name.startswith("pid-"):
             try:
-                self._finish(*item)
-            except BaseException as exc:  # noqa: BLE001 - never lose a future
-                self.deliver(entry.future, error=exc)
+                with open(os.path.join(taskdir, name)) as fh:
+                    pids[int(name[4:])] = int(fh.read())
+            except (OSError, ValueError):
+                pass
+    return pids
 
-    def _finish(self, entry: _Entry, state, exit_code, stderr: str, detail: str) -> None:
-        rp = _rp()
-        name = f"task {entry.task_id} ({self.label})"
-        outcomes = read_outcomes(entry.taskdir) if os.path.isdir(entry.taskdir) else {}
-        stamps = {}
-        root = outcomes.get(0)
-        if root is not None:
-            stamps = {"started": root.started, "finished": root.finished,
-                      # the state notice can reach the client after rank 0 started
-                      "launched": min(entry.launched, root.started)
-                      if entry.launched == entry.launched else root.started}
-        elif entry.launched == entry.launched:
-            stamps = {"launched": entry.launched}
-        value, error = None, None
-        if entry.cancelled:
-            error = TaskCancelled(f"{name} was cancelled")
-        elif state == rp.CANCELED and entry.resources.walltime:
-            error = WalltimeExceeded(
-                f"{name} exceeded its walltime of {entry.resources.walltime} s and was stopped",
-                walltime=entry.resources.walltime, task_id=entry.task_id)
-        elif state == rp.CANCELED:
-            error = TaskLost(f"{name} was cancelled by RADICAL-Pilot (pilot gone?)",
-                             task_id=entry.task_id, stderr_tail=stderr[-4000:])
-        else:
-            try:
-                value = collect(outcomes, entry.resources, task_id=entry.task_id,
-                                returncode=exit_code if state == rp.FAILED else None,
-                                stderr_tail=(stderr + "\n" + detail).strip()[-4000:],
-                                executor=self.label, deaths=read_deaths(entry.taskdir))
-            except Exception as exc:  # noqa: BLE001 - the typed error for the future
-                error = exc
-        if error is None:
-            shutil.rmtree(entry.taskdir, ignore_errors=True)
-        with self._submit_lock:
-            self._entries.pop(entry.uid, None)
-            self._by_id.pop(entry.task_id, None)
-        self.deliver(entry.future, value, error, stamps)
 
-    def cancel(self, future: Future) -> bool:
-        """Cancel a waiting or running task: RP kills its launch, the future gets TaskCancelled."""
-        with self._submit_lock:
-            entry = self._by_id.get(getattr(future, "parsl_executor_task_id", None))
-            if entry is None or entry.done or entry.future is not future:
-                return False
-            entry.cancelled = True
-        self._tmgr.cancel_tasks([entry.uid])
-        return True
-
-    def parsl_config_options(self) -> dict:
+def _safe_outcomes(taskdir: str) -> dict:
+    try:
+        return read_outcomes(taskdir)
+    except (OSError, EOFError):
         return {}
 
 
-__all__ = ["RadicalExecutor", "StartupTimes"]
+def _launcher_of(pids: Dict[int, int]) -> Optional[int]:
+    """The pid of the ``mpiexec`` that started these ranks (the RAPTOR worker's)."""
+    for pid in pids.values():
+        try:
+            for parent in psutil.Process(pid).parents():
+                if parent.name().startswith("mpiexec"):
+                    return parent.pid
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def kill_tree_of(taskdir: str) -> None:
+    """SIGKILL the ranks of an executable task (their command line ends in ``taskdir``)."""
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if (proc.info["cmdline"] or [""])[-1] == taskdir:
+                root = _launcher_of({0: proc.pid}) or proc.pid
+                kill_tree(root)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+
+def local_resource_config(cores: int) -> dict:
+    """hetflow's ``local`` resource: this machine, ``cores`` slots, the venv's MPI."""
+    text = importlib_resources.files("hetflow.executors").joinpath(
+        "resource_configs/resource_hetflow.json").read_text()
+    config = json.loads(text)
+    config["local"]["cores_per_node"] = cores
+    config["local"]["virtenv"] = sys.prefix
+    # RP probes its launcher in the pilot's original environment (before the venv is
+    # activated): put the venv's bin first so it finds, and launches with, the venv's MPI.
+    bindir = os.path.dirname(sys.executable)
+    for method in ("MPIEXEC", "FORK"):
+        config["local"]["launch_methods"][method] = {
+            "pre_exec_cached": [f"export PATH={bindir}:$PATH"]}
+    return config

@@ -6,6 +6,18 @@ import sys
 
 import pytest
 
+# RADICAL-Pilot forks its components and makes logging's locks fork-safe when it is
+# imported; that only works before pytest attaches its log handlers (else a fork can
+# deadlock on a handler lock held by another thread). Import it first when installed.
+try:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import radical.pilot  # noqa: F401
+except ImportError:
+    pass
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)

@@ -1,89 +1,90 @@
-"""The ``radical`` executor beyond parity: its resource config, its files, and a clean exit.
+"""What only the RADICAL-Pilot executor has: its resource config, its run dir, clean exit.
 
-One real pilot start/stop for the whole module (the parity suite holds the other).
+The parity suite (test_parity.py) covers results and errors on one module-scoped
+pilot; this file starts one more pilot, in a run dir of its own, to check where
+RP's files go and that nothing is left running or on disk afterwards.
 """
 import json
 import os
+import sys
+import tempfile
 
 import psutil
 import pytest
 
 import hetflow
-
-pytestmark = pytest.mark.timeout(300)
-
-
-@hetflow.mpi_app(ranks=3, returns="all")
-def sizes(comm):
-    import os as _os
-    return (comm.Get_rank(), comm.Get_size(), _os.getcwd())
+from hetflow.executors.radical import (LOCAL_RESOURCE, RadicalExecutor, local_resource_config,
+                                       session_processes)
 
 
-def _radical_env():
-    return {k: v for k, v in os.environ.items() if k.startswith("RADICAL_")}
+@hetflow.mpi_app(ranks=2, returns="all")
+def where(comm):
+    return (comm.Get_rank(), comm.Get_size(), os.getcwd())
 
 
-def test_resource_config_dir_needs_a_label():
-    from hetflow.executors.radical import RadicalExecutor
+def test_local_resource_config_uses_real_slots_and_the_venv_mpi():
+    config = local_resource_config(5)["local"]
+    assert config["cores_per_node"] == 5
+    assert config["virtenv"] == sys.prefix
+    bindir = os.path.dirname(sys.executable)
+    assert os.path.exists(os.path.join(bindir, "mpiexec"))
+    assert config["launch_methods"]["order"][0] == "MPIEXEC"
+    assert bindir in config["launch_methods"]["MPIEXEC"]["pre_exec_cached"][0]
 
-    with pytest.raises(hetflow.ConfigError, match="resource="):
-        RadicalExecutor(resource_config_dir="/tmp")
 
-
-def test_resource_config_dir_must_exist():
-    from hetflow.executors.radical import RadicalExecutor
-
+def test_bad_options_fail_at_construction():
+    with pytest.raises(hetflow.ConfigError, match="mode"):
+        RadicalExecutor(mode="fast")
+    with pytest.raises(hetflow.ConfigError, match="config_dir"):
+        RadicalExecutor(resource="mysite.slurm")
     with pytest.raises(hetflow.ConfigError, match="not a directory"):
-        RadicalExecutor(resource="mysite.cluster", resource_config_dir="/nonexistent/cfg")
+        RadicalExecutor(resource="mysite.slurm", config_dir="/nonexistent/hetflow")
 
 
-def test_local_config_template_is_packaged():
-    from hetflow.executors._radical_config import local_resource_config
+def test_user_resource_config_dir_is_handed_to_rp(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "resource_mysite.json").write_text(json.dumps({"slurm": {"cores_per_node": 128}}))
+    ex = RadicalExecutor(resource="mysite.slurm", config_dir=str(site), max_ranks=4)
+    ex.base = str(tmp_path / "run")
+    saved = {k: os.environ.get(k) for k in ("RADICAL_CONFIG_USER_DIR", "PATH")}
+    try:
+        ex._set_environment()
+        user_dir = os.environ["RADICAL_CONFIG_USER_DIR"]
+        copied = os.path.join(user_dir, ".radical", "pilot", "configs", "resource_mysite.json")
+        assert json.load(open(copied)) == {"slurm": {"cores_per_node": 128}}
+        assert user_dir.startswith(ex.base)
+    finally:
+        for key, value in ex._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    assert {k: os.environ.get(k) for k in saved} == saved
 
-    cfg = local_resource_config(3, "/opt/mpi/bin/mpiexec", "/tmp/x")["localhost"]
-    assert cfg["cores_per_node"] == 3
-    assert cfg["launch_methods"]["MPIEXEC"]["pre_exec_cached"] == ["export PATH=/opt/mpi/bin:$PATH"]
 
-
-def test_pilot_lifecycle_config_sandbox_and_clean_exit(tmp_path):
-    from parsl.dataflow.dflow import DataFlowKernelLoader
-
-    me = psutil.Process()
-    children_before = {p.pid for p in me.children(recursive=True)}
-    env_before = _radical_env()
-    run_dir = tmp_path / "run"
-    with hetflow.runtime("radical", run_dir=str(run_dir), max_ranks=3):
-        executor = DataFlowKernelLoader.dfk().executors["radical"]
-        base = executor.base
-        # Everything RP writes lives under the run dir the user chose.
-        assert base.startswith(str(run_dir))
-        assert executor.session.path.startswith(base)
-        sandbox = executor.pilot.description["sandbox"]
-        assert sandbox.startswith(base)
-        # hetflow's own resource config: the configured slot count, not RP's 8 cores.
-        cfg_file = os.path.join(base, "config", ".radical", "pilot", "configs",
-                                "resource_hetflow.json")
-        with open(cfg_file) as fh:
-            assert json.load(fh)["localhost"]["cores_per_node"] == 3
-        assert executor.pilot.description["resource"] == "hetflow.localhost"
-        assert os.environ["RADICAL_DEFAULT_IFACE"] == "lo"
-        # A task as large as the pilot runs, on a communicator of exactly that size,
-        # in its own task dir under the run dir.
-        got = sizes().result(timeout=120)
-        assert [(r, s) for r, s, _ in got] == [(0, 3), (1, 3), (2, 3)]
-        assert all(cwd.startswith(base) for _, _, cwd in got)
-        with pytest.raises(hetflow.ResourcesUnavailable, match="max_ranks=3"):
-            sizes.options(ranks=4)().result(timeout=30)
-        times = executor.times
-        assert times.session_s > 0 and times.pilot_active_s > 0
-        assert os.path.isdir(sandbox)
-    # After the block: sandbox and session gone, nothing RP started still runs.
-    assert times.close_s > 0
-    assert not os.path.exists(base)
-    assert (run_dir / "runinfo").is_dir()       # the user's run dir itself is kept
-    from hetflow.executors._radical_config import processes_under
-    assert processes_under([base]) == []
-    leftover = [p for p in me.children(recursive=True) if p.pid not in children_before]
-    leftover = [p for p in leftover if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert leftover == [], [p.cmdline() for p in leftover]
-    assert _radical_env() == env_before
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_sandbox_in_run_dir_cleaned_and_no_process_left():
+    assert LOCAL_RESOURCE == "hetflow.local"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    env_before = os.environ.get("RADICAL_PILOT_BASE")
+    with tempfile.TemporaryDirectory() as tmp:
+        sandbox = os.path.join(tmp, "rp")
+        with hetflow.runtime("radical", max_ranks=2, sandbox_dir=sandbox) as dfk:
+            ex = dfk.executors["radical"]
+            ranks = where().result(timeout=120)
+            assert [(r, s) for r, s, _ in ranks] == [(0, 2), (1, 2)]
+            # RP's session dir, pilot sandbox and task sandboxes all live in the run dir.
+            assert all(cwd.startswith(sandbox) for _, _, cwd in ranks)
+            assert os.listdir(os.path.join(sandbox, "sessions"))
+            assert os.listdir(os.path.join(sandbox, "sandbox"))
+            assert session_processes(sandbox), "the pilot's processes should be found"
+            assert set(ex.timings) >= {"session_s", "pilot_s", "raptor_s"}
+        assert not os.path.exists(sandbox)
+        assert "close_s" in ex.timings
+        assert session_processes(sandbox) == []
+    after = [p for p in psutil.Process().children(recursive=True)
+             if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+    assert after == []
+    assert os.environ.get("RADICAL_PILOT_BASE") == env_before
