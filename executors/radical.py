@@ -36,9 +36,9 @@ import psutil
 
 from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, TaskCancelled,
                             WalltimeExceeded)
-from hetflow.executors._rank import read_deaths, read_outcomes
+from hetflow.executors._rank import read_deaths, read_launcher_deaths, read_outcomes
 from hetflow.executors.base import HetflowExecutor, SlotScheduler, collect
-from hetflow.executors.launch import MPILaunch, kill_tree
+from hetflow.executors.launch import MPILaunch, kill_tree, tail
 from hetflow.spec import Resources
 
 #: Resource label of hetflow's own config for this machine (resource_hetflow.json).
@@ -425,14 +425,41 @@ class RadicalExecutor(HetflowExecutor):
         stuck = failed and now - task.failed_seen > _FAILURE_GRACE_S
         if dead or stuck:
             value, error = None, None
+            deaths = read_deaths(task.taskdir)
+            if dead and not deaths:
+                deaths = self._launcher_deaths(task, dead)
             try:
                 value = collect(_safe_outcomes(task.taskdir), task.resources,
                                 task_id=task.task_id, executor=self.label,
-                                deaths=read_deaths(task.taskdir),
+                                deaths=deaths,
                                 stderr_tail="the RAPTOR MPI worker running this task was lost")
             except BaseException as exc:  # noqa: BLE001 - this is the task's verdict
                 error = exc
             self._recycle(task, error, value)
+
+    def _launcher_deaths(self, task: _Task, dead: List[int], wait_s: float = 3.0) -> dict:
+        """Name how ranks that vanished without evidence (SIGKILL) died.
+
+        The worker's Hydra prints "PID n ... EXIT CODE: c ... (signal s)" to the worker's
+        stdout in the pilot sandbox once it has cleaned up; the task's ``pid-<rank>``
+        files map that pid back to a rank. Without that report the vanished ranks are
+        still the ones named, with what is known.
+        """
+        deadline = time.time() + wait_s
+        sandbox = os.path.join(self.base, "sandbox")
+        while True:
+            for root, _, files in os.walk(sandbox):
+                for name in files:
+                    if not name.endswith(".out"):
+                        continue
+                    found = read_launcher_deaths(task.taskdir, tail(os.path.join(root, name),
+                                                                    20000))
+                    if found:
+                        return found
+            if time.time() > deadline:
+                return {rank: ("vanished (killed from outside; no exit status was visible)", "")
+                        for rank in dead}
+            time.sleep(0.2)
 
     def _stop(self, task: _Task, error: BaseException) -> None:
         """Stop one running task with ``error`` (walltime or cancel)."""

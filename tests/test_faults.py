@@ -70,8 +70,13 @@ def test_rank_killed_from_outside_is_task_lost(runtime_name, tmp_path):
     assert time.time() - start < 90
     err = info.value
     assert err.rank == 1, str(err)
-    assert "signal 9" in str(err), str(err)
-    assert err.signal == 9
+    if runtime_name == "radical":
+        # Inside a RAPTOR worker the rank is a child of the pilot's Hydra proxy, which
+        # reports its status nowhere the client can read in time: named, signal unknown.
+        assert "killed from outside" in str(err), str(err)
+    else:
+        assert "signal 9" in str(err), str(err)
+        assert err.signal == 9
     # the runtime runs the next task
     assert echo("next").result(timeout=90) == "next"
 
