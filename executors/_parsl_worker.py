@@ -99,7 +99,7 @@ def run_mpi_task(payload: bytes, resources: dict, sys_path: List[str], taskdir: 
             proc.wait(timeout=POLL_S)
             break
         except subprocess.TimeoutExpired:
-            pass
+            launch.watch_ranks()
         if os.path.exists(cancel_path):
             launch.cancel()
             proc.wait()

@@ -219,7 +219,8 @@ def read_launcher_deaths(taskdir: str, launcher_stderr: str) -> dict:
                 continue
     signal_match = _HYDRA_SIGNAL.search(launcher_stderr)
     deaths = {}
-    for pid, code in _HYDRA_BAD.findall(launcher_stderr):
+    # Only Hydra's first report: later ones are peers it stopped while cleaning up.
+    for pid, code in _HYDRA_BAD.findall(launcher_stderr)[:1]:
         rank = pids.get(int(pid))
         if rank is None:
             continue
@@ -227,7 +228,7 @@ def read_launcher_deaths(taskdir: str, launcher_stderr: str) -> dict:
             what = f"was killed by signal {signal_match.group(1)}"
         else:
             what = f"exited with code {code}"
-        deaths.setdefault(rank, (what, ""))
+        deaths[rank] = (what, "")
     return deaths
 
 

@@ -97,6 +97,10 @@ def tail(path: str, limit: int = 4000) -> str:
         return ""
 
 
+#: How often a running job's rank processes are checked (seconds).
+WATCH_S = 0.02
+
+
 class MPILaunch:
     """One task's ``mpiexec`` job: prepare, run to completion (or walltime), collect."""
 
@@ -108,6 +112,8 @@ class MPILaunch:
         self.env = env
         self.proc: Optional[subprocess.Popen] = None
         self.cancelled = False
+        self.first_vanished: Optional[int] = None
+        self._pids: dict = {}
         os.makedirs(taskdir, exist_ok=True)
         with open(os.path.join(taskdir, "task.pkl"), "wb") as fh:
             fh.write(payload)
@@ -129,9 +135,16 @@ class MPILaunch:
         """Block until the job ends; ``(outcomes, returncode, error_or_None)``."""
         assert self.proc is not None
         walltime = self.resources.walltime
-        try:
-            returncode = self.proc.wait(timeout=walltime)
-        except subprocess.TimeoutExpired:
+        deadline = None if walltime is None else time.monotonic() + walltime
+        returncode = None
+        while returncode is None:
+            try:
+                returncode = self.proc.wait(timeout=WATCH_S)
+            except subprocess.TimeoutExpired:
+                self.watch_ranks()
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+        if returncode is None:
             kill_tree(self.proc.pid)
             self.proc.wait()
             return {}, self.proc.returncode, WalltimeExceeded(
@@ -148,15 +161,46 @@ class MPILaunch:
         if self.proc is not None and self.proc.poll() is None:
             kill_tree(self.proc.pid)
 
+    def watch_ranks(self) -> None:
+        """Note the first rank whose process vanished without reporting.
+
+        A SIGKILLed rank leaves no evidence of its own, and Hydra then stops its peers
+        and reports whichever it saw first; watching the pids while the job runs tells
+        the victim from the ranks stopped with it.
+        """
+        if self.first_vanished is not None:
+            return
+        if len(self._pids) < self.resources.ranks:
+            for rank in range(self.resources.ranks):
+                if rank not in self._pids:
+                    try:
+                        with open(os.path.join(self.taskdir, f"pid-{rank}")) as fh:
+                            self._pids[rank] = int(fh.read().strip())
+                    except (OSError, ValueError):
+                        pass
+        for rank, pid in self._pids.items():
+            try:
+                alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                alive = False
+            if not alive and not os.path.exists(os.path.join(self.taskdir, f"rank-{rank}.pkl")):
+                self.first_vanished = rank
+                return
+
     def deaths(self) -> dict:
         """Ranks that died without reporting: their own evidence first, then the launcher's."""
         own = read_deaths(self.taskdir)
         if own:
             # Hydra may name a peer it killed while cleaning up; a rank's own evidence wins.
             return own
-        # SIGKILL leaves no evidence: Hydra's "BAD TERMINATION" report (on stdout) names the pid.
-        return read_launcher_deaths(self.taskdir,
-                                    tail(self.stdout, 20000) + tail(self.stderr, 20000))
+        # SIGKILL leaves no evidence: Hydra's "BAD TERMINATION" report (on stdout) names a pid
+        # and the signal; the rank seen vanishing first is the victim.
+        report = tail(self.stdout, 20000) + tail(self.stderr, 20000)
+        found = read_launcher_deaths(self.taskdir, report)
+        if self.first_vanished is not None:
+            what = next(iter(found.values()))[0] if found else "vanished"
+            return {self.first_vanished: (what, "")}
+        return found
 
     def stderr_tail(self) -> str:
         return tail(self.stderr)

@@ -41,3 +41,25 @@ def test_runtime_removes_its_temp_run_dir():
         assert os.path.isdir(run_dir)
     assert not os.path.exists(run_dir)
     assert not os.path.exists(os.path.dirname(run_dir))
+
+
+def _lines(path):
+    return len(open(path).readlines()) if os.path.exists(path) else 0
+
+
+def test_checkpoint_accepts_arguments_parsl_cannot_hash(tmp_path):
+    # A checkpointed runtime memoizes every MPI app: a NumPy argument must be keyed, not fail.
+    np = pytest.importorskip("numpy")
+    log = str(tmp_path / "log")
+    for _ in range(2):
+        with hetflow.runtime("mpirun", max_ranks=2, checkpoint=str(tmp_path / "ckpt")):
+            assert array_sum(log, np.arange(4)).result(timeout=120) == 6
+            assert array_sum(log, np.arange(5)).result(timeout=120) == 10
+    assert _lines(log) == 2                   # the second runtime ran nothing
+
+
+@hetflow.mpi_app(ranks=1)
+def array_sum(comm, log, values):
+    with open(log, "a") as fh:
+        fh.write("ran\n")
+    return int(values.sum())
