@@ -400,7 +400,7 @@ class RadicalExecutor(HetflowExecutor):
     def _watch(self) -> None:
         """Enforce walltimes and notice RAPTOR tasks the worker will never report."""
         while not self._stopping:
-            time.sleep(0.1)
+            time.sleep(0.02)  # a SIGKILLed rank must be seen before Hydra stops its peers
             now = time.time()
             with self._cond:
                 running = list(self._running.items())
