@@ -9,12 +9,9 @@ stack) exactly as the one-launch-per-task path does.
 """
 from __future__ import annotations
 
-import faulthandler
-import json
-import os
 from typing import List
 
-from hetflow.executors._rank import run_on_rank, write_outcome
+from hetflow.executors._rank import record_deaths, run_on_rank, write_outcome
 
 
 def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: List[str]) -> bool:
@@ -23,27 +20,11 @@ def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: List[str]) -> bool
         from mpi4py import MPI
 
         comm = MPI.COMM_SELF
-    rank = comm.Get_rank()
-    with open(os.path.join(taskdir, f"pid-{rank}"), "w") as fh:
-        fh.write(str(os.getpid()))
     # The worker outlives the task, so the evidence hooks are undone afterwards.
-    fault = open(os.path.join(taskdir, f"fault-{rank}.txt"), "w")
-    faulthandler.enable(file=fault, all_threads=False)
-    real_exit = os._exit
-
-    def _exit(code: int = 0):
-        try:
-            with open(os.path.join(taskdir, f"exit-{rank}.json"), "w") as out:
-                json.dump({"exitcode": code}, out)
-        finally:
-            real_exit(code)
-
-    os._exit = _exit
+    undo = record_deaths(taskdir, comm.Get_rank())
     try:
         outcome = run_on_rank(payload, comm, sys_path=sys_path)
         write_outcome(taskdir, outcome)
     finally:
-        os._exit = real_exit
-        faulthandler.disable()
-        fault.close()
+        undo()
     return outcome.ok

@@ -149,11 +149,12 @@ def read_outcomes(taskdir: str) -> dict:
     return outcomes
 
 
-def record_deaths(taskdir: str, rank: int) -> None:
+def record_deaths(taskdir: str, rank: int):
     """Leave evidence if this rank dies without reporting, so the error can name it.
 
     A fatal signal (segfault, abort) dumps the Python stack to ``fault-<rank>.txt``
     through faulthandler; ``os._exit(n)`` writes ``exit-<rank>.json`` first.
+    Returns a function that removes the hooks again.
     """
     import faulthandler
 
@@ -172,6 +173,14 @@ def record_deaths(taskdir: str, rank: int) -> None:
             real_exit(code)
 
     os._exit = _exit
+
+    def undo() -> None:
+        """Remove the hooks (for a process that outlives the task, e.g. a RAPTOR worker)."""
+        os._exit = real_exit
+        faulthandler.disable()
+        fault.close()
+
+    return undo
 
 
 def read_deaths(taskdir: str) -> dict:
