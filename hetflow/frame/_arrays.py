@@ -100,9 +100,3 @@ def take_into(values: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
     for i in range(0, len(idx), _CHUNK):
         # mode="clip": with the default "raise", NumPy buffers ``out`` (a copy per call)
         np.take(values, idx[i:i + _CHUNK], out=out[i:i + _CHUNK], mode="clip")
-
-
-def scatter_into(values: np.ndarray, pos: np.ndarray, out: np.ndarray) -> None:
-    """``out[pos] = values``, in slices (see :func:`gather`)."""
-    for i in range(0, len(pos), _CHUNK):
-        out[pos[i:i + _CHUNK]] = values[i:i + _CHUNK]

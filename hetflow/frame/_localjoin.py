@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.frame import _localsort
-from hetflow.frame._arrays import _single, from_values, gather, plain_values, to_numpy
+from hetflow.frame._arrays import _CHUNK, _single, from_values, gather, plain_values, to_numpy
 
 ARROW_JOIN_TYPE = {"inner": "inner", "left": "left outer", "right": "right outer",
                    "outer": "full outer", "full": "full outer", "semi": "left semi",
@@ -79,18 +79,23 @@ def _index_type(*sizes: int):
 
 
 def _expand(row_count: np.ndarray, row_first: np.ndarray, right_order: np.ndarray):
-    """Left row i pairs with right_order[row_first[i] : row_first[i] + row_count[i]]."""
+    """Left row i pairs with right_order[row_first[i] : row_first[i] + row_count[i]].
+
+    ``row_first`` is overwritten. Every temporary is an index array of the output's length
+    at the narrow index type, made in slices where NumPy would widen it."""
     total = int(row_count.sum(dtype=np.int64))
     it = _index_type(total, len(row_count), len(right_order))
     left_rows = np.repeat(np.arange(len(row_count), dtype=it), row_count)
-    out_start = np.cumsum(row_count, dtype=np.int64)
-    out_start -= row_count
-    shift = (row_first - out_start).astype(it)
+    out_start = np.cumsum(row_count, dtype=it)
+    out_start -= row_count.astype(it, copy=False)
+    shift = row_first.astype(it, copy=False)
+    shift -= out_start  # right position = output position + shift, within a left row's run
     del out_start
     right_pos = np.repeat(shift, row_count)
     del shift
-    right_pos += np.arange(total, dtype=it)
-    right_rows = right_order[right_pos]
+    for i in range(0, total, _CHUNK):
+        right_pos[i:i + _CHUNK] += np.arange(i, min(i + _CHUNK, total), dtype=it)
+    right_rows = gather(right_order, right_pos)
     return left_rows, right_rows
 
 

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pyarrow as pa
 
-from hetflow.frame._arrays import _CHUNK, gather, scatter_into, to_numpy
+from hetflow.frame._arrays import gather, to_numpy
 
 _SIGN = np.uint64(1 << 63)
 
@@ -103,7 +103,7 @@ def _radix_consume(box: list) -> np.ndarray:
         shifted = np.empty(n, np.uint32)  # subtract straight into 32 bits: no 64-bit temporary
         np.subtract(key, lo, out=shifted, casting="unsafe")
     else:
-        shifted = key - lo if lo else key.copy()
+        shifted = key - lo if lo else key  # read only: aliasing the caller's key is fine
     del key
     if sys.byteorder == "little":
         # digit p of every key, as a strided view: no shifted and masked temporaries
@@ -113,7 +113,10 @@ def _radix_consume(box: list) -> np.ndarray:
         digit_of = lambda p: ((shifted >> (16 * p)) & 0xFFFF).astype(np.uint16)  # noqa: E731
     order = None
     for p in range(passes):
-        digit = np.ascontiguousarray(digit_of(p)) if order is None else gather(digit_of(p), order)
+        # contiguous first: np.take copies a strided source whole on every call
+        digit = np.ascontiguousarray(digit_of(p))
+        if order is not None:
+            digit = gather(digit, order)
         if p == passes - 1:
             del digit_of, shifted
             digits = None
@@ -124,44 +127,12 @@ def _radix_consume(box: list) -> np.ndarray:
     return order
 
 
-def argsort(xp, key):
-    """Stable argsort of a uint64 key on xp (numpy: radix; cupy: its GPU radix sort)."""
-    if xp is np:
-        return radix_argsort(key)
-    return xp.argsort(key)  # cupy sorts with CUB's radix sort, which is stable
-
-
-def merge_positions(keys: np.ndarray, run_lengths) -> np.ndarray:
-    """Where each element of ``keys`` goes in their stable merge, for ``keys`` made of sorted
-    runs back to back (``run_lengths``, in order): ``out[pos[i]] = keys[i]`` sorts them, equal
-    keys ordered by run, then by position in the run.
-
-    With few runs (a sample sort receives one per rank), an element's place is its index in
-    its run plus, for every other run, how many of that run's keys precede it (a binary search
-    over sorted runs): no comparison sort of the whole. Many runs fall back to a stable argsort.
-    """
-    n = len(keys)
-    it = np.int32 if n < 2**31 - 1 else np.int64
-    ends = np.cumsum(np.asarray(run_lengths, np.int64))
-    starts = ends - np.asarray(run_lengths, np.int64)
-    runs = [(int(a), int(b)) for a, b in zip(starts, ends) if b > a]
-    if len(runs) <= 1:
-        return np.arange(n, dtype=it)
-    if len(runs) > 4:
-        perm = np.argsort(keys, kind="stable")
-        pos = np.empty(n, it)
-        scatter_into(np.arange(n, dtype=it), perm, pos)
-        return pos
-    pos = np.arange(n, dtype=it)
-    for j, (a, b) in enumerate(runs):
-        mine = keys[a:b]
-        out = pos[a:b]
-        out -= a
-        for k, (c, d) in enumerate(runs):
-            if k == j:
-                continue
-            side = "right" if k < j else "left"
-            for i in range(0, len(mine), _CHUNK):  # slices: searchsorted returns int64
-                out[i:i + _CHUNK] += np.searchsorted(keys[c:d], mine[i:i + _CHUNK],
-                                                     side=side).astype(it, copy=False)
-    return pos
+def merge_order(keys: np.ndarray) -> np.ndarray:
+    """Stable gather order (``keys[order]`` is sorted) of keys made of sorted runs back to back,
+    as a sample sort receives them (one run per source rank): NumPy's stable sort of 64-bit
+    keys is timsort, which finds the runs and merges them in O(n log runs). Equal keys keep
+    their run order, then their position in the run. Indices are int32 below 2**31 rows."""
+    order = np.argsort(keys, kind="stable")
+    if len(order) < 2**31 - 1:
+        order = order.astype(np.int32)
+    return order

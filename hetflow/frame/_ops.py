@@ -229,16 +229,14 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
     if size == 1:
         return table.take(_arrays.arrow_of(order))
     bounds = _sample_bounds(comm, order, _localsort.key_values(column), descending)
-    # Keys first: the received runs (one per source rank, each sorted) are merged by binary
-    # search into output positions; then every column is fetched and scattered to its place
-    # one at a time, so a column's receive buffer is freed before the next one arrives.
+    # Keys first: the received runs (one per source rank, each sorted) are merged into a
+    # gather order; then every column is fetched and gathered into place one at a time, so a
+    # column's receive buffer is freed before the next one arrives.
     ex = _exchange.RowExchange(comm, order, bounds)
     del order
     key_index = table.schema.get_field_index(name)
     received = ex.column(table.column(key_index))
-    merge_key = _localsort.numeric_key(received, descending)
-    pos = _localsort.merge_positions(merge_key, ex.recv_rows)
-    del merge_key
+    merge = _localsort.merge_order(_merge_keys(received, descending))
     columns: List[Optional[pa.Array]] = [None] * table.num_columns
     fetch = [key_index] + [i for i in range(table.num_columns) if i != key_index]
     for i in fetch:
@@ -246,9 +244,19 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
             received = ex.column(table.column(i))
         if i == fetch[-1]:
             ex.release()  # every column has arrived: the routing is no longer needed
-        columns[i] = _scatter(received, pos)
+        columns[i] = _localjoin.take(received, merge, False)
         del received
     return pa.Table.from_arrays(columns, schema=table.schema)
+
+
+def _merge_keys(received: pa.Array, descending: bool) -> np.ndarray:
+    """Keys whose stable order is the sort order: signed integers and temporals ascending are
+    their own (a zero-copy view), anything else the order-preserving uint64 map."""
+    t = received.type
+    if not descending and (pa.types.is_signed_integer(t) or
+                           (pa.types.is_temporal(t) and not pa.types.is_interval(t))):
+        return _arrays.to_numpy(received)
+    return _localsort.numeric_key(received, descending)
 
 
 def _sample_bounds(comm, order: np.ndarray, column_values: np.ndarray,
@@ -305,18 +313,6 @@ def _sample_bounds(comm, order: np.ndarray, column_values: np.ndarray,
         bounds += [0] * (size - 1)
     bounds.append(n)
     return bounds
-
-
-def _scatter(arr: pa.Array, pos: np.ndarray) -> pa.Array:
-    """``out[pos[i]] = arr[i]``: plain values by NumPy, anything else by Arrow's take."""
-    values = _arrays.plain_values(arr)
-    if values is not None:
-        out = np.empty_like(values)
-        _arrays.scatter_into(values, pos, out)
-        return _arrays.from_values(arr.type, out)
-    inverse = np.empty(len(pos), pos.dtype)
-    _arrays.scatter_into(np.arange(len(pos), dtype=pos.dtype), pos, inverse)
-    return arr.take(_arrays.arrow_of(inverse))
 
 
 _NULL_CLASS, _NAN_CLASS = 2, 1
