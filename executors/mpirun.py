@@ -114,16 +114,11 @@ class MpirunExecutor(HetflowExecutor):
 
     def shutdown(self) -> None:
         with self._cond:
-            self._stopping = True
-            queued = [entry[0] for entry in self._scheduler.queue]
-            self._scheduler.queue.clear()
+            queued = self.drain_queue(self._scheduler, self._cond)
             running = list(self._running.values())
-            self._cond.notify_all()
         for launch in running:
             launch.cancel()
-        for task_id, future, _ in queued:
-            self.deliver(future, error=ExecutorBroken(
-                f"executor {self.label!r} shut down before task {task_id} ran"))
+        self.fail_unfinished((task_id, future) for task_id, future, _ in queued)
         if self._dispatcher is not None:
             self._dispatcher.join(timeout=10)
         super().shutdown()
