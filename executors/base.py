@@ -299,6 +299,12 @@ class HetflowExecutor(ParslExecutor):
         """The client's import path, handed to ranks so its modules' functions unpickle."""
         return [p for p in sys.path if p]
 
+    def next_ready(self, scheduler: SlotScheduler, cond: threading.Condition) -> Optional[list]:
+        """Wait (with ``cond`` held) until tasks can start: ``pop_ready``'s list, None once stopping."""
+        while not self._stopping and not (ready := scheduler.pop_ready()):
+            cond.wait()
+        return None if self._stopping else ready
+
     def drain_queue(self, scheduler: SlotScheduler, cond: threading.Condition) -> list:
         """Stop taking tasks: set ``_stopping``, empty ``scheduler``'s queue, wake waiters.
 

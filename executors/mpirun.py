@@ -64,9 +64,8 @@ class MpirunExecutor(HetflowExecutor):
     def _dispatch(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not (ready := self._scheduler.pop_ready()):
-                    self._cond.wait()
-                if self._stopping:
+                ready = self.next_ready(self._scheduler, self._cond)
+                if ready is None:
                     return
                 for (task_id, future, launch), slots in ready:
                     self._queued.pop(future, None)
