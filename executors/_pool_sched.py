@@ -59,21 +59,13 @@ class PoolScheduler(SlotScheduler):
 
     def pop_ready(self, pinned_of=lambda item: None) -> List[Tuple[object, List[int]]]:
         """Entries that can start now, as ``(item, slots)``; their slots are taken."""
-        ready = []
-        blocked_head = None
-        for entry in list(self.queue):
-            item, need, _ = entry
-            allowed = blocked_head is None or blocked_head[2] < self.max_bypass
-            slots = self.place(need, pinned_of(item)) if allowed else None
+        def take(item, need):
+            slots = self.place(need, pinned_of(item))
             if slots is not None:
                 self.free = [s for s in self.free if s not in slots]
-                self.queue.remove(entry)
-                ready.append((item, slots))
-                if blocked_head is not None:
-                    blocked_head[2] += 1
-            elif blocked_head is None:
-                blocked_head = entry
-        return ready
+            return slots
+
+        return self.pop_ready_with(take)
 
     def head(self):
         """The first queued entry ``[item, need, bypassed]``, or None."""

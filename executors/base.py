@@ -25,7 +25,8 @@ from typing import Any, Dict, List, Optional
 
 from parsl.executors.base import ParslExecutor
 
-from hetflow.errors import ConfigError, ResourcesUnavailable, TaskFailed, TaskLost
+from hetflow.errors import (ConfigError, ExecutorBroken, ResourcesUnavailable, TaskFailed,
+                            TaskLost)
 from hetflow.executors._rank import RankOutcome, TaskPayload, run_on_rank  # noqa: F401 (re-export)
 from hetflow.spec import Resources
 
@@ -177,12 +178,28 @@ class SlotScheduler:
 
     def pop_ready(self) -> List[tuple]:
         """Entries that can start now, as ``(item, slots)``; their slots are taken."""
+        return self.pop_ready_with(self.take_free)
+
+    def take_free(self, item, need: int) -> Optional[list]:
+        """Take the first ``need`` free slots for ``item``, or None when fewer are free."""
+        if need > len(self.free):
+            return None
+        slots, self.free = self.free[:need], self.free[need:]
+        return slots
+
+    def pop_ready_with(self, take) -> List[tuple]:
+        """The FIFO-with-bounded-backfill pass, with ``take(item, need)`` finding the slots.
+
+        ``take`` returns the slots it took for the item, or None if it does not fit
+        now; subclasses with their own placement rules (the pool's worlds) supply it.
+        """
         ready = []
         blocked_head = None
         for entry in list(self.queue):
             item, need, _ = entry
-            if need <= len(self.free) and (blocked_head is None or blocked_head[2] < self.max_bypass):
-                slots, self.free = self.free[:need], self.free[need:]
+            allowed = blocked_head is None or blocked_head[2] < self.max_bypass
+            slots = take(item, need) if allowed else None
+            if slots is not None:
                 self.queue.remove(entry)
                 ready.append((item, slots))
                 if blocked_head is not None:
@@ -281,6 +298,29 @@ class HetflowExecutor(ParslExecutor):
     def client_sys_path() -> List[str]:
         """The client's import path, handed to ranks so its modules' functions unpickle."""
         return [p for p in sys.path if p]
+
+    def next_ready(self, scheduler: SlotScheduler, cond: threading.Condition) -> Optional[list]:
+        """Wait (with ``cond`` held) until tasks can start: ``pop_ready``'s list, None once stopping."""
+        while not self._stopping and not (ready := scheduler.pop_ready()):
+            cond.wait()
+        return None if self._stopping else ready
+
+    def drain_queue(self, scheduler: SlotScheduler, cond: threading.Condition) -> list:
+        """Stop taking tasks: set ``_stopping``, empty ``scheduler``'s queue, wake waiters.
+
+        Call with ``cond`` held; returns the items that were still queued.
+        """
+        self._stopping = True
+        queued = [entry[0] for entry in scheduler.queue]
+        scheduler.queue.clear()
+        cond.notify_all()
+        return queued
+
+    def fail_unfinished(self, tasks) -> None:
+        """Fail every ``(task_id, future)`` left at shutdown with ExecutorBroken."""
+        for task_id, future in tasks:
+            self.deliver(future, error=ExecutorBroken(
+                f"executor {self.label!r} shut down before task {task_id} finished"))
 
     def monitor_resources(self) -> bool:
         # Parsl's resource monitor watches one process tree; MPI ranks are many.

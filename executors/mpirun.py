@@ -64,9 +64,8 @@ class MpirunExecutor(HetflowExecutor):
     def _dispatch(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not (ready := self._scheduler.pop_ready()):
-                    self._cond.wait()
-                if self._stopping:
+                ready = self.next_ready(self._scheduler, self._cond)
+                if ready is None:
                     return
                 for (task_id, future, launch), slots in ready:
                     self._queued.pop(future, None)
@@ -114,16 +113,11 @@ class MpirunExecutor(HetflowExecutor):
 
     def shutdown(self) -> None:
         with self._cond:
-            self._stopping = True
-            queued = [entry[0] for entry in self._scheduler.queue]
-            self._scheduler.queue.clear()
+            queued = self.drain_queue(self._scheduler, self._cond)
             running = list(self._running.values())
-            self._cond.notify_all()
         for launch in running:
             launch.cancel()
-        for task_id, future, _ in queued:
-            self.deliver(future, error=ExecutorBroken(
-                f"executor {self.label!r} shut down before task {task_id} ran"))
+        self.fail_unfinished((task_id, future) for task_id, future, _ in queued)
         if self._dispatcher is not None:
             self._dispatcher.join(timeout=10)
         super().shutdown()

@@ -122,6 +122,7 @@ class ParslMPIExecutor(MPIExecutor):
     payload = staticmethod(HetflowExecutor.payload)
     deliver = staticmethod(HetflowExecutor.deliver)
     client_sys_path = staticmethod(HetflowExecutor.client_sys_path)
+    fail_unfinished = HetflowExecutor.fail_unfinished
 
     def parsl_config_options(self) -> dict:
         """Config settings ``hetflow.runtime`` uses with this executor (fast block checks)."""
@@ -158,11 +159,9 @@ class ParslMPIExecutor(MPIExecutor):
         try:
             super().shutdown(timeout=timeout)
         finally:
-            for future, taskdir in pending.items():
+            for taskdir in pending.values():
                 self._kill_launcher(taskdir)
-                self.deliver(future, error=ExecutorBroken(
-                    f"executor {self.label!r} shut down before task "
-                    f"{future.parsl_executor_task_id} finished"))
+            self.fail_unfinished((future.parsl_executor_task_id, future) for future in pending)
 
     # ------------------------------------------------------------------ tasks
     def submit(self, func, resource_specification, *args, **kwargs) -> Future:

@@ -224,15 +224,10 @@ class RadicalExecutor(HetflowExecutor):
 
     def shutdown(self) -> None:
         with self._cond:
-            self._stopping = True
-            queued = [entry[0] for entry in self._scheduler.queue]
-            self._scheduler.queue.clear()
+            queued = self.drain_queue(self._scheduler, self._cond)
             running = list(self._running.values())
             self._running.clear()
-            self._cond.notify_all()
-        for task in queued + running:
-            self.deliver(task.future, error=ExecutorBroken(
-                f"executor {self.label!r} shut down before task {task.task_id} finished"))
+        self.fail_unfinished((task.task_id, task.future) for task in queued + running)
         for thread in self._threads:
             thread.join(timeout=10)
         self._close_session()
@@ -314,9 +309,8 @@ class RadicalExecutor(HetflowExecutor):
     def _dispatch(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not (ready := self._scheduler.pop_ready()):
-                    self._cond.wait()
-                if self._stopping:
+                ready = self.next_ready(self._scheduler, self._cond)
+                if ready is None:
                     return
                 for task, slots in ready:
                     self._queued.pop(task.future, None)

@@ -340,10 +340,10 @@ def _plot_scaling(tasks, execs, out_dir, stem, strong) -> List[str]:
 def _plot_overhead(tasks, execs, out_dir, stem) -> List[str]:
     if out_dir is None or not tasks:
         return []
-    plt = _plt()
     sizes = sorted({(r["op"], r["rows_per_rank"], r["ranks"]) for r in tasks})
-    fig, axes = plt.subplots(1, len(sizes), figsize=(4.5 * len(sizes), 4), squeeze=False)
-    for ax, (op, per_rank, ranks) in zip(axes[0], sizes):
+
+    def draw(ax, key):
+        op, per_rank, ranks = key
         names, setup, work, ov = [], [], [], []
         for executor in execs:
             grp = [r for r in tasks if r["executor"] == executor and r["op"] == op
@@ -361,17 +361,15 @@ def _plot_overhead(tasks, execs, out_dir, stem) -> List[str]:
         ax.set_ylabel("seconds (median)")
         ax.tick_params(axis="x", rotation=30)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    return [_save(fig, plt, out_dir, f"{stem}.png")]
+    return _panels(sizes, 4.5, draw, out_dir, stem)
 
 
 def _plot_pilot(spans, execs, out_dir, stem) -> List[str]:
     if out_dir is None or not spans:
         return []
-    plt = _plt()
     scenarios = [s for s in ("pair", "campaign") if any(r["scenario"] == s for r in spans)]
-    fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 4), squeeze=False)
-    for ax, scenario in zip(axes[0], scenarios):
+
+    def draw(ax, scenario):
         names, meds, lo, hi, start = [], [], [], [], []
         for executor in execs:
             grp = [r for r in spans if r["scenario"] == scenario and r["executor"] == executor]
@@ -385,17 +383,16 @@ def _plot_pilot(spans, execs, out_dir, stem) -> List[str]:
         ax.set_title(f"pilot vs batch: {scenario}")
         ax.set_ylabel("seconds (median, min–max)")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    return [_save(fig, plt, out_dir, f"{stem}.png")]
+    return _panels(scenarios, 5, draw, out_dir, stem)
 
 
 def _plot_peers(tasks, execs, out_dir, stem, hetflow_execs) -> List[str]:
     if out_dir is None or not tasks:
         return []
-    plt = _plt()
     keys = sorted({(r["op"], r["rows"]) for r in tasks})
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 4), squeeze=False)
-    for ax, (op, rows_n) in zip(axes[0], keys):
+
+    def draw(ax, key):
+        op, rows_n = key
         names, meds = [], []
         for (executor, ranks), grp in sorted(
                 _group([r for r in tasks if r["op"] == op and r["rows"] == rows_n],
@@ -408,6 +405,15 @@ def _plot_peers(tasks, execs, out_dir, stem, hetflow_execs) -> List[str]:
         ax.set_title(f"{op}, {rows_n:,} rows per table")
         ax.set_ylabel("op time (s, median)")
         ax.tick_params(axis="x", labelsize=8)
+    return _panels(keys, 4.5, draw, out_dir, stem)
+
+
+def _panels(keys, width: float, draw, out_dir, stem) -> List[str]:
+    """One row of ``width``-inch panels, ``draw(ax, key)`` filling each; the PNG's name."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(keys), figsize=(width * len(keys), 4), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        draw(ax, key)
     fig.tight_layout()
     return [_save(fig, plt, out_dir, f"{stem}.png")]
 

@@ -191,20 +191,24 @@ def _executors(cfg) -> List[str]:
     return [e for e in cfg.executors if e != BARE]
 
 
+def _run_cases(cfg, rec, progress, executor: str, cases: List[dict]) -> None:
+    """Run each case (``_run_one`` keywords) in one session of ``executor``, or mark them not run."""
+    with runtime_session(cfg, executor, rec, max(max(cfg.ranks), cores())) as session:
+        if session is None:
+            progress.step(f"{executor}: not run", n=len(cases), skipped=True)
+            return
+        for case in cases:
+            _run_one(cfg, rec, progress, executor, cores=cores(), **case)
+
+
 def run_scaling(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
     """Weak (rows per rank fixed) or strong (total fixed) scaling over ``cfg.ranks``."""
+    cases = [dict(repeat=repeat, ranks=ranks, op=op,
+                  rows_per_rank=rows if cfg.rows_mode == "per_rank" else rows // ranks)
+             for repeat in range(cfg.repeats) for rows in cfg.rows for ranks in cfg.ranks
+             for op in cfg.ops]
     for executor in _executors(cfg):
-        with runtime_session(cfg, executor, rec, max(max(cfg.ranks), cores())) as session:
-            if session is None:
-                progress.step(f"{executor}: not run", n=_scaling_tasks(cfg), skipped=True)
-                continue
-            for repeat in range(cfg.repeats):
-                for rows in cfg.rows:
-                    for ranks in cfg.ranks:
-                        per_rank = rows if cfg.rows_mode == "per_rank" else rows // ranks
-                        for op in cfg.ops:
-                            _run_one(cfg, rec, progress, executor, repeat=repeat, ranks=ranks,
-                                     rows_per_rank=per_rank, op=op, cores=cores())
+        _run_cases(cfg, rec, progress, executor, cases)
 
 
 def _scaling_tasks(cfg) -> int:
@@ -213,21 +217,14 @@ def _scaling_tasks(cfg) -> int:
 
 def run_overhead(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
     """The same task, one at a time, through bare mpiexec and each runtime; TaskTimes split it."""
+    cases = [dict(repeat=repeat, ranks=ranks, rows_per_rank=rows, op=op, task=i)
+             for repeat in range(cfg.repeats) for rows in cfg.rows for ranks in cfg.ranks
+             for op in cfg.ops for i in range(cfg.tasks)]
     for executor in cfg.executors:
         if executor == BARE:
             _bare_overhead(cfg, rec, progress)
-            continue
-        with runtime_session(cfg, executor, rec, max(max(cfg.ranks), cores())) as session:
-            if session is None:
-                progress.step(f"{executor}: not run", n=_overhead_tasks(cfg), skipped=True)
-                continue
-            for repeat in range(cfg.repeats):
-                for rows in cfg.rows:
-                    for ranks in cfg.ranks:
-                        for op in cfg.ops:
-                            for i in range(cfg.tasks):
-                                _run_one(cfg, rec, progress, executor, repeat=repeat, ranks=ranks,
-                                         rows_per_rank=rows, op=op, cores=cores(), task=i)
+        else:
+            _run_cases(cfg, rec, progress, executor, cases)
 
 
 def _overhead_tasks(cfg) -> int:

@@ -140,23 +140,30 @@ def test_launch_failure_is_launch_error_with_command_and_logs(parsl_executor):
     assert total(2).result(timeout=120) == 4
 
 
-def test_killed_worker_fails_its_task_and_the_executor_recovers(parsl_executor):
+@pytest.fixture
+def sleeping_task(parsl_executor):
+    """A task asleep in its job: ``(future, launcher process, launcher file's info)``."""
     with tempfile.TemporaryDirectory() as tmp:
         marker = os.path.join(tmp, "running")
         fut = mark_and_sleep(marker, 120)
         _wait_for(marker)
         taskdir = parsl_executor._taskdirs[fut.task_record["exec_fu"]]
         with open(os.path.join(taskdir, LAUNCHER_FILE)) as fh:
-            launcher = psutil.Process(json.load(fh)["pid"])
-        tree = [launcher] + launcher.children(recursive=True)
-        worker = launcher.parent()
-        assert "python" in " ".join(worker.cmdline())
-        worker.send_signal(signal.SIGKILL)
-        with pytest.raises(hetflow.TaskLost, match="worker running it was lost"):
-            fut.result(timeout=120)
-        # The job the dead worker started does not outlive it.
-        gone, alive = psutil.wait_procs(tree, timeout=30)
-        assert not alive
+            info = json.load(fh)
+        yield fut, psutil.Process(info["pid"]), info
+
+
+def test_killed_worker_fails_its_task_and_the_executor_recovers(sleeping_task):
+    fut, launcher, _ = sleeping_task
+    tree = [launcher] + launcher.children(recursive=True)
+    worker = launcher.parent()
+    assert "python" in " ".join(worker.cmdline())
+    worker.send_signal(signal.SIGKILL)
+    with pytest.raises(hetflow.TaskLost, match="worker running it was lost"):
+        fut.result(timeout=120)
+    # The job the dead worker started does not outlive it.
+    gone, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive
     assert total(5).result(timeout=180) == 10
 
 
@@ -176,26 +183,19 @@ def _ours(run_dir, before):
     return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_killed_manager_fails_its_task_and_leaves_no_orphans(parsl_executor):
-    with tempfile.TemporaryDirectory() as tmp:
-        marker = os.path.join(tmp, "running")
-        fut = mark_and_sleep(marker, 120)
-        _wait_for(marker)
-        taskdir = parsl_executor._taskdirs[fut.task_record["exec_fu"]]
-        with open(os.path.join(taskdir, LAUNCHER_FILE)) as fh:
-            info = json.load(fh)
-        launcher = psutil.Process(info["pid"])
-        manager = launcher.parent().parent()
-        assert "process_worker_pool" in " ".join(manager.cmdline())
-        block = [p for p in psutil.process_iter() if _pgid(p) == info["block_pgid"]]
-        tree = [launcher] + launcher.children(recursive=True) + block
-        manager.send_signal(signal.SIGKILL)
-        # Noticed after heartbeat_threshold (8 s by default) as Parsl's ManagerLost.
-        with pytest.raises(hetflow.TaskLost, match="ManagerLost"):
-            fut.result(timeout=120)
-        # The old pool's workers and the task's job are gone, not orphaned.
-        gone, alive = psutil.wait_procs(tree, timeout=30)
-        assert not alive, [p.pid for p in alive]
+def test_killed_manager_fails_its_task_and_leaves_no_orphans(sleeping_task):
+    fut, launcher, info = sleeping_task
+    manager = launcher.parent().parent()
+    assert "process_worker_pool" in " ".join(manager.cmdline())
+    block = [p for p in psutil.process_iter() if _pgid(p) == info["block_pgid"]]
+    tree = [launcher] + launcher.children(recursive=True) + block
+    manager.send_signal(signal.SIGKILL)
+    # Noticed after heartbeat_threshold (8 s by default) as Parsl's ManagerLost.
+    with pytest.raises(hetflow.TaskLost, match="ManagerLost"):
+        fut.result(timeout=120)
+    # The old pool's workers and the task's job are gone, not orphaned.
+    gone, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, [p.pid for p in alive]
     # block_error_handler=False: Parsl starts a new block and the executor carries on.
     assert total(7).result(timeout=180) == 14
 
