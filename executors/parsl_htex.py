@@ -40,7 +40,8 @@ import psutil
 
 from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, TaskCancelled, TaskLost,
                             WalltimeExceeded)
-from hetflow.executors._parsl_worker import CANCEL_MARKER, LAUNCHER_FILE, run_mpi_task
+from hetflow.executors._parsl_worker import (CANCEL_MARKER, LAUNCHER_FILE, RANK_TMPDIR,
+                                             run_mpi_task)
 from hetflow.executors.base import HetflowExecutor, SlotScheduler, TaskTimes, collect
 from hetflow.executors.launch import kill_tree, timestamps
 from hetflow.spec import Resources
@@ -137,8 +138,14 @@ class ParslMPIExecutor(MPIExecutor):
         with open(self.nodefile, "w") as fh:
             fh.write("localhost\n" * self.max_ranks)
         bindir = os.path.dirname(os.path.abspath(self.python or sys.executable))
+        # The worker pool's multiprocessing Manager makes a 'pymp-*' dir in TMPDIR that
+        # nobody removes when the pool is killed at shutdown: give the pool a TMPDIR of
+        # its own, removed in shutdown (the ranks get the client's back).
+        self.worker_tmp = os.path.join(self.hetflow_dir, "tmp")
+        os.makedirs(self.worker_tmp, exist_ok=True)
         self.provider.worker_init = "\n".join(filter(None, [
             f"export PBS_NODEFILE={self.nodefile}",
+            f'export {RANK_TMPDIR}="${{TMPDIR-}}" TMPDIR={self.worker_tmp}',
             # The launcher ("mpiexec") and hetflow must resolve in the worker.
             f'export PATH="{bindir}:$PATH"',
             self._user_worker_init]))
@@ -158,6 +165,9 @@ class ParslMPIExecutor(MPIExecutor):
         try:
             super().shutdown(timeout=timeout)
         finally:
+            import shutil
+
+            shutil.rmtree(getattr(self, "worker_tmp", ""), ignore_errors=True)
             for future, taskdir in pending.items():
                 self._kill_launcher(taskdir)
                 self.deliver(future, error=ExecutorBroken(

@@ -21,6 +21,7 @@ and resubmits the other tasks that were running on it (they run again).
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -121,6 +122,7 @@ class RadicalExecutor(HetflowExecutor):
         self.task_root = os.path.join(self.base, "tasks")
         os.makedirs(self.task_root, exist_ok=True)
         self._set_environment()
+        self._rp_before = _rp_zmq_objects()
         try:
             self._start_pilot()
         except BaseException:
@@ -255,6 +257,7 @@ class RadicalExecutor(HetflowExecutor):
             except Exception:
                 pass
             self._session = None
+            release_client_handles(self.base, getattr(self, "_rp_before", set()))
         # Whatever RP left running (bridges, agent, launchers) is ended here.
         for proc in me.children(recursive=True) + session_processes(self.base):
             try:
@@ -557,6 +560,82 @@ def session_processes(base: str) -> List[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
     return found
+
+
+def _rp_zmq_objects() -> set:
+    """Ids of the live radical.utils.zmq objects (publishers, queues, registry clients)."""
+    import gc
+
+    return {id(obj) for obj in gc.get_objects() if _is_rp_zmq(obj)}
+
+
+def _is_rp_zmq(obj) -> bool:
+    module = type(obj).__dict__.get("__module__") if not isinstance(obj, type) else None
+    return isinstance(module, str) and module.startswith("radical.utils.zmq")
+
+
+def release_client_handles(base: str, before: set) -> None:
+    """Close what RP's client keeps open after ``session.close()`` (~80 descriptors).
+
+    RP 1.103 leaves, per session: its ZMQ publishers, subscribers, queues and
+    registry clients with their sockets and private contexts ("rely on GC for
+    destruction", but the objects stay referenced); log handlers and profilers
+    writing into the session dir; and one descriptor per ``ru.write_json`` call,
+    which discards the fd ``tempfile.mkstemp`` returns. Only what this session made
+    is closed: zmq objects that did not exist before it started, files under ``base``.
+    """
+    import gc
+    import logging
+
+    import zmq
+
+    shared = zmq.Context._instance            # RP's subscribers share it; it stays
+    for obj in gc.get_objects():
+        if id(obj) in before or not _is_rp_zmq(obj):
+            continue
+        values = []
+        for value in getattr(obj, "__dict__", {}).values():
+            values.extend(value if isinstance(value, (list, tuple)) else [value])
+        for value in values:
+            if isinstance(value, zmq.Socket) and not value.closed:
+                value.close(linger=0)
+        for value in values:
+            if isinstance(value, zmq.Context) and value is not shared and not value.closed:
+                value.destroy(linger=0)
+    prefix = base + os.sep
+    loggers = [logging.getLogger()] + [logger for logger in
+                                       logging.Logger.manager.loggerDict.values()
+                                       if isinstance(logger, logging.Logger)]
+    for logger in loggers:
+        for handler in list(logger.handlers):
+            if getattr(handler, "baseFilename", "").startswith(prefix):
+                logger.removeHandler(handler)
+                handler.close()
+    try:
+        from radical.utils import profile
+        for entry in list(profile._profilers):
+            profiler, fname = entry
+            if str(fname).startswith(prefix):
+                profiler.close()
+                profile._profilers.remove(entry)
+    except (ImportError, AttributeError, ValueError):
+        pass
+    # Contexts RP dropped without destroying sit in reference cycles: collect them now.
+    gc.collect()
+    # Descriptors into the session dir that no Python file object owns: write_json's.
+    owned = {obj.fileno() for obj in gc.get_objects()
+             if isinstance(obj, io.FileIO) and not obj.closed}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(prefix) and fd not in owned:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _noop():
