@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
@@ -57,6 +58,21 @@ def parsl_resource_spec(resources: Resources) -> dict:
     ``ranks_per_node`` is derived.
     """
     return {"num_nodes": resources.cores, "ranks_per_node": 1, "num_ranks": resources.ranks}
+
+
+#: Longest dir whose 'pymp-XXXXXXXX/listener-XXXXXXXX' still fits a Unix socket path (107).
+_MAX_SOCKET_DIR = 70
+
+
+def _short_private_dir(preferred_parent: str) -> str:
+    """A fresh dir for the worker pool's TMPDIR, short enough for the Unix socket
+    multiprocessing binds in it: under ``preferred_parent`` (the run dir, removed with
+    it) when that is short, else in the temp dir, else in /tmp."""
+    for parent in (preferred_parent, tempfile.gettempdir(), "/tmp"):
+        if len(parent) + len("/hf-XXXXXXXX") <= _MAX_SOCKET_DIR and os.access(parent, os.W_OK):
+            return tempfile.mkdtemp(prefix="hf-", dir=parent)
+    raise ConfigError(f"no writable temp dir short enough for a Unix socket path "
+                      f"(tried {preferred_parent!r}, {tempfile.gettempdir()!r}, '/tmp')")
 
 
 def _parsl_commands() -> dict:
@@ -141,8 +157,7 @@ class ParslMPIExecutor(MPIExecutor):
         # The worker pool's multiprocessing Manager makes a 'pymp-*' dir in TMPDIR that
         # nobody removes when the pool is killed at shutdown: give the pool a TMPDIR of
         # its own, removed in shutdown (the ranks get the client's back).
-        self.worker_tmp = os.path.join(self.hetflow_dir, "tmp")
-        os.makedirs(self.worker_tmp, exist_ok=True)
+        self.worker_tmp = _short_private_dir(self.hetflow_dir)
         self.provider.worker_init = "\n".join(filter(None, [
             f"export PBS_NODEFILE={self.nodefile}",
             f'export {RANK_TMPDIR}="${{TMPDIR-}}" TMPDIR={self.worker_tmp}',

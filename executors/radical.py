@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -455,8 +456,9 @@ class RadicalExecutor(HetflowExecutor):
                 for name in files:
                     if not name.endswith(".out"):
                         continue
-                    found = read_launcher_deaths(task.taskdir, tail(os.path.join(root, name),
-                                                                    20000))
+                    text = tail(os.path.join(root, name), 20000)
+                    found = (read_launcher_deaths(task.taskdir, text)
+                             or exec_script_deaths(task.taskdir, text))
                     if found:
                         return found
             if time.time() > deadline:
@@ -642,21 +644,48 @@ def _noop():
     return None
 
 
-def _pids(taskdir: str) -> Dict[int, int]:
-    """Rank -> pid, from the pid files RAPTOR ranks write."""
+def _pids(taskdir: str, prefix: str = "pid-") -> Dict[int, int]:
+    """Rank -> pid, from the pid (or, with ``prefix="ppid-"``, parent pid) files RAPTOR
+    ranks write."""
     pids = {}
     try:
         names = os.listdir(taskdir)
     except OSError:
         return pids
     for name in names:
-        if name.startswith("pid-"):
+        if name.startswith(prefix):
             try:
                 with open(os.path.join(taskdir, name)) as fh:
-                    pids[int(name[4:])] = int(fh.read())
+                    pids[int(name[len(prefix):])] = int(fh.read())
             except (OSError, ValueError):
                 pass
     return pids
+
+
+#: Hydra's report of the first process that ended badly (pid, exit code).
+_HYDRA_BAD = re.compile(r"PID (\d+) RUNNING AT .*?\n=\s+EXIT CODE: (\d+)", re.S)
+
+
+def exec_script_deaths(taskdir: str, launcher_output: str) -> dict:
+    """``{rank: (description, "")}`` from Hydra's report on a RAPTOR worker rank's script.
+
+    RP starts each worker rank from a bash script that waits for the rank and exits
+    with its status, so a rank killed by signal ``s`` makes the script exit with
+    ``128 + s``; Hydra reports that exit under the script's pid, the rank's parent,
+    which the rank wrote to ``ppid-<rank>``.
+    """
+    parents = {}
+    for rank, pid in _pids(taskdir, prefix="ppid-").items():
+        parents[pid] = rank
+    deaths = {}
+    for pid, code in _HYDRA_BAD.findall(launcher_output)[:1]:   # later ones: peers it stopped
+        rank = parents.get(int(pid))
+        if rank is None:
+            continue
+        code = int(code)
+        deaths[rank] = ((f"was killed by signal {code - 128} (its launch script exited with "
+                         f"{code})") if code > 128 else f"exited with code {code}", "")
+    return deaths
 
 
 def _safe_outcomes(taskdir: str) -> dict:

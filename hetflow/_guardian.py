@@ -80,8 +80,9 @@ def _start_time(pid: int) -> Optional[int]:
         return None
 
 
-def descendants(root: int) -> Dict[int, int]:
-    """Pid -> start time of every live descendant of ``root`` (from /proc's children lists)."""
+def descendants(root: int, since: int = 0) -> Dict[int, int]:
+    """Pid -> start time of every live descendant of ``root`` (from /proc's children
+    lists), leaving out subtrees whose top started no later than ``since`` (clock ticks)."""
     found: Dict[int, int] = {}
     stack = [root]
     while stack:
@@ -98,7 +99,7 @@ def descendants(root: int) -> Dict[int, int]:
                 continue
             for child in children:
                 started = _start_time(child)
-                if started is not None and child not in found:
+                if started is not None and started > since and child not in found:
                     found[child] = started
                     stack.append(child)
     return found
@@ -195,6 +196,8 @@ def _watch_client(pipe_fd: int, tracked: Dict[int, int]) -> bool:
     """
     client = os.getppid()
     me = os.getpid()
+    # The client's older children (started before its runtime) are none of our business.
+    born = _start_time(me) or 0
     pidfd = None
     try:
         pidfd = os.pidfd_open(client)
@@ -219,7 +222,7 @@ def _watch_client(pipe_fd: int, tracked: Dict[int, int]) -> bool:
             for pid, started in list(tracked.items()):
                 if _start_time(pid) != started:
                     del tracked[pid]      # ended: forget it (its pid may be reused)
-            tracked.update(descendants(client))
+            tracked.update(descendants(client, since=born))
             tracked.pop(me, None)
 
 

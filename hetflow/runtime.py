@@ -83,6 +83,11 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
     ``keep_run_dir`` or ``run_dir`` was given. ``checkpoint`` (a directory) journals
     every finished task's result there; a later runtime with the same directory
     skips those tasks (see :mod:`hetflow.journal`). Extra keywords go to the executor.
+
+    Every process the runtime starts dies with the client, however the client
+    ends (``kill -9`` included): a guardian process watches it (see
+    :mod:`hetflow._guardian`); ``dfk.hetflow_token`` names the environment mark
+    those processes carry.
     """
     import parsl
 
