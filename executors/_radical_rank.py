@@ -4,12 +4,11 @@ A RAPTOR ``MPIWorker`` rank calls :func:`raptor_rank` with the task's private
 communicator (``None`` for a one-rank task). It runs hetflow's shared
 :func:`run_on_rank` and leaves in the task dir what the client needs to judge
 the task even if the worker never reports: this rank's pid (to find and stop
-the worker) and its parent's, its outcome, and death evidence (``os._exit`` code, fatal-signal
+the worker), its outcome, and death evidence (``os._exit`` code, fatal-signal
 stack) exactly as the one-launch-per-task path does.
 """
 from __future__ import annotations
 
-import os
 from typing import List
 
 from hetflow.executors._rank import record_deaths, run_on_rank, write_outcome
@@ -23,10 +22,6 @@ def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: List[str]) -> bool
         comm = MPI.COMM_SELF
     # The worker outlives the task, so the evidence hooks are undone afterwards.
     undo = record_deaths(taskdir, comm.Get_rank())
-    # The parent is RP's launch script for this worker rank: Hydra reports a SIGKILLed
-    # rank under that script's pid (see radical.exec_script_deaths).
-    with open(os.path.join(taskdir, f"ppid-{comm.Get_rank()}"), "w") as fh:
-        fh.write(str(os.getppid()))
     try:
         outcome = run_on_rank(payload, comm, sys_path=sys_path)
         write_outcome(taskdir, outcome)

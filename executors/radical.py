@@ -24,9 +24,9 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
@@ -116,12 +116,15 @@ class RadicalExecutor(HetflowExecutor):
         self._saved_env: Dict[str, Optional[str]] = {}
         self._threads: List[threading.Thread] = []
         self._worker_root: Optional[int] = None   # pid of the RAPTOR worker's mpiexec
+        self.rank_env: Dict[str, str] = {}          # environment RP tasks (the ranks) get
 
     # ------------------------------------------------------------------ start / stop
     def start(self) -> None:
         self.base = os.path.abspath(self.sandbox_dir or os.path.join(self.run_dir, "radical"))
         self.task_root = os.path.join(self.base, "tasks")
         os.makedirs(self.task_root, exist_ok=True)
+        self.status_dir = os.path.join(self.base, "rank-status")
+        os.makedirs(self.status_dir, exist_ok=True)
         self._set_environment()
         self._rp_before = _rp_zmq_objects()
         try:
@@ -154,9 +157,16 @@ class RadicalExecutor(HetflowExecutor):
                "RADICAL_DEFAULT_IFACE": "lo" if self.resource == LOCAL_RESOURCE
                else os.environ.get("RADICAL_DEFAULT_IFACE", ""),
                "RADICAL_LOG_LVL": os.environ.get("RADICAL_LOG_LVL", "WARNING"),
+               # RP leaves temp files behind (the pilot launcher's 'rp.agent_cfg.*', the
+               # agent's '<TMPDIR>/rp.session.*'): its processes get a TMPDIR inside the
+               # sandbox, removed with it; the ranks get the client's back (rank_env).
+               "TMPDIR": os.path.join(self.base, "tmp"),
                # RP starts its bridges by command name: the venv's bin must be on PATH.
                "PATH": os.pathsep.join([os.path.dirname(sys.executable),
                                         os.environ.get("PATH", "")])}
+        os.makedirs(env["TMPDIR"], exist_ok=True)
+        # The client's own temp dir is fixed before TMPDIR changes (tempfile caches it).
+        self.rank_env = {"TMPDIR": tempfile.gettempdir()}
         for key, value in env.items():
             self._saved_env[key] = os.environ.get(key)
             if value:
@@ -206,7 +216,11 @@ class RadicalExecutor(HetflowExecutor):
         rp = import_rp()
 
         self._raptor.submit_workers(rp.TaskDescription(
-            {"mode": rp.RAPTOR_WORKER, "ranks": self.max_ranks, "raptor_class": "MPIWorker"}))
+            {"mode": rp.RAPTOR_WORKER, "ranks": self.max_ranks, "raptor_class": "MPIWorker",
+             "environment": dict(self.rank_env),
+             # A rank killed from outside leaves no evidence of its own; RP's launch script
+             # has its status ($RP_RET, after `wait` on $RP_RANK_PID, the rank's pid).
+             "post_exec": [f"echo $RP_RET > {self.status_dir}/exit-$RP_RANK_PID"]}))
 
     def _probe(self) -> None:
         """Run one no-op task on the whole worker: it is up, and its mpiexec is known."""
@@ -313,7 +327,8 @@ class RadicalExecutor(HetflowExecutor):
             "mode": rp.TASK_EXECUTABLE, "ranks": task.resources.ranks,
             "cores_per_rank": task.resources.cores_per_rank,
             "executable": sys.executable,
-            "arguments": ["-m", "hetflow.executors._rank", task.taskdir]})
+            "arguments": ["-m", "hetflow.executors._rank", task.taskdir],
+            "environment": dict(self.rank_env)})
 
     def _dispatch(self) -> None:
         while True:
@@ -451,14 +466,17 @@ class RadicalExecutor(HetflowExecutor):
         """
         deadline = time.time() + wait_s
         sandbox = os.path.join(self.base, "sandbox")
+        pids = _pids(task.taskdir)
         while True:
+            found = rank_exit_statuses(self.status_dir, {r: pids[r] for r in dead if r in pids})
+            if found:
+                return found
             for root, _, files in os.walk(sandbox):
                 for name in files:
                     if not name.endswith(".out"):
                         continue
-                    text = tail(os.path.join(root, name), 20000)
-                    found = (read_launcher_deaths(task.taskdir, text)
-                             or exec_script_deaths(task.taskdir, text))
+                    found = read_launcher_deaths(task.taskdir, tail(os.path.join(root, name),
+                                                                    20000))
                     if found:
                         return found
             if time.time() > deadline:
@@ -644,47 +662,36 @@ def _noop():
     return None
 
 
-def _pids(taskdir: str, prefix: str = "pid-") -> Dict[int, int]:
-    """Rank -> pid, from the pid (or, with ``prefix="ppid-"``, parent pid) files RAPTOR
-    ranks write."""
+def _pids(taskdir: str) -> Dict[int, int]:
+    """Rank -> pid, from the pid files RAPTOR ranks write."""
     pids = {}
     try:
         names = os.listdir(taskdir)
     except OSError:
         return pids
     for name in names:
-        if name.startswith(prefix):
+        if name.startswith("pid-"):
             try:
                 with open(os.path.join(taskdir, name)) as fh:
-                    pids[int(name[len(prefix):])] = int(fh.read())
+                    pids[int(name[4:])] = int(fh.read())
             except (OSError, ValueError):
                 pass
     return pids
 
 
-#: Hydra's report of the first process that ended badly (pid, exit code).
-_HYDRA_BAD = re.compile(r"PID (\d+) RUNNING AT .*?\n=\s+EXIT CODE: (\d+)", re.S)
-
-
-def exec_script_deaths(taskdir: str, launcher_output: str) -> dict:
-    """``{rank: (description, "")}`` from Hydra's report on a RAPTOR worker rank's script.
-
-    RP starts each worker rank from a bash script that waits for the rank and exits
-    with its status, so a rank killed by signal ``s`` makes the script exit with
-    ``128 + s``; Hydra reports that exit under the script's pid, the rank's parent,
-    which the rank wrote to ``ppid-<rank>``.
-    """
-    parents = {}
-    for rank, pid in _pids(taskdir, prefix="ppid-").items():
-        parents[pid] = rank
+def rank_exit_statuses(status_dir: str, pids: Dict[int, int]) -> dict:
+    """``{rank: (description, "")}`` for worker ranks whose exit status RP's launch
+    script recorded (see ``RadicalExecutor._start_worker``): ``128 + s`` is bash's
+    status of a process killed by signal ``s``."""
     deaths = {}
-    for pid, code in _HYDRA_BAD.findall(launcher_output)[:1]:   # later ones: peers it stopped
-        rank = parents.get(int(pid))
-        if rank is None:
+    for rank, pid in pids.items():
+        try:
+            with open(os.path.join(status_dir, f"exit-{pid}")) as fh:
+                code = int(fh.read().strip())
+        except (OSError, ValueError):
             continue
-        code = int(code)
-        deaths[rank] = ((f"was killed by signal {code - 128} (its launch script exited with "
-                         f"{code})") if code > 128 else f"exited with code {code}", "")
+        deaths[rank] = (f"was killed by signal {code - 128}" if code > 128
+                        else f"exited with code {code}", "")
     return deaths
 
 

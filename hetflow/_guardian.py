@@ -153,8 +153,11 @@ class Guardian:
         args = [sys.executable, "-I", os.path.abspath(__file__), self.token]
         if run_dir is not None:
             args.append(run_dir)
-        self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                      close_fds=True, start_new_session=True)
+        self._proc = None
+        if os.path.isdir("/proc/self/task"):     # Linux: the guardian reads /proc
+            self._proc = subprocess.Popen(args, stdin=subprocess.PIPE,
+                                          stdout=subprocess.DEVNULL, close_fds=True,
+                                          start_new_session=True)
         os.environ[self.name] = str(os.getpid())
         # setproctitle (Parsl's interchange, RP's components) writes a long title over
         # the environ block, erasing the mark from /proc/<pid>/environ; SPT_NOENV stops it.
@@ -163,7 +166,7 @@ class Guardian:
 
     def processes(self) -> List[int]:
         """Live processes carrying this runtime's token (the guardian itself excluded)."""
-        return marked_processes(self.token, exclude=(self._proc.pid,))
+        return marked_processes(self.token, exclude=(self._proc.pid,) if self._proc else ())
 
     def stop(self) -> None:
         """Normal exit: unmark the environment and let the guardian exit without sweeping."""
@@ -172,6 +175,8 @@ class Guardian:
             os.environ.pop("SPT_NOENV", None)
         else:
             os.environ["SPT_NOENV"] = self._spt_noenv
+        if self._proc is None:
+            return
         if self._proc.poll() is None:
             try:
                 self._proc.stdin.write(_STOP)
