@@ -105,15 +105,39 @@ def descendants(root: int, since: int = 0) -> Dict[int, int]:
     return found
 
 
-def sweep(token: str, tracked: Optional[Dict[int, int]] = None, budget_s: float = _SWEEP_S) -> int:
+def orphans(pgid: int, since: int) -> List[int]:
+    """Processes the dead client left as orphans: re-parented to our own new parent (init
+    or a subreaper), still in the client's process group, started after ``since``."""
+    reaper = os.getppid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            if int(fields[1]) == reaper and int(fields[2]) == pgid and int(fields[19]) > since:
+                found.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def sweep(token: str, tracked: Optional[Dict[int, int]] = None, group: Optional[tuple] = None,
+          budget_s: float = _SWEEP_S) -> int:
     """SIGKILL every process marked with ``token``, every still-live ``tracked`` process
-    (pid -> start time) and their descendants, until a scan finds none; how many died."""
+    (pid -> start time) and their descendants, and the client's orphans (``group``: its
+    process group and our start time), until a scan finds none; how many died."""
     me = os.getpid()
     tracked = dict(tracked or {})
     killed = set()
     deadline = time.monotonic() + budget_s
     while True:
-        # Forks of the client never exec'd, so they lack the mark: known by the tree.
+        # Forks of the client never exec'd, so they lack the mark: known by the tree we
+        # recorded, or, if forked since, as orphans of the client's process group.
+        if group is not None:
+            for pid in orphans(*group):
+                tracked.setdefault(pid, _start_time(pid))
         for pid, started in list(tracked.items()):
             if _start_time(pid) != started:
                 del tracked[pid]
@@ -192,7 +216,7 @@ class Guardian:
             self._proc.stdin.close()
 
 
-def _watch_client(pipe_fd: int, tracked: Dict[int, int]) -> bool:
+def _watch_client(pipe_fd: int, tracked: Dict[int, int], born: int) -> bool:
     """Block until the client stops us (False) or dies (True).
 
     Meanwhile every ``_TRACK_S`` record the client's descendants in ``tracked``: a
@@ -201,8 +225,6 @@ def _watch_client(pipe_fd: int, tracked: Dict[int, int]) -> bool:
     """
     client = os.getppid()
     me = os.getpid()
-    # The client's older children (started before its runtime) are none of our business.
-    born = _start_time(me) or 0
     pidfd = None
     try:
         pidfd = os.pidfd_open(client)
@@ -237,9 +259,18 @@ def main(argv: List[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)   # a terminal's Ctrl-C is the client's business
     tracked: Dict[int, int] = {}
-    if not _watch_client(sys.stdin.fileno(), tracked):
+    # The client's older processes (started before its runtime) are none of our business.
+    born = _start_time(os.getpid()) or 0
+    client = os.getppid()
+    try:
+        group = (os.getpgid(client), born)
+    except OSError:
+        group = None
+    if os.getppid() != client:        # the client died already: that group is not its
+        group = None
+    if not _watch_client(sys.stdin.fileno(), tracked, born):
         return 0
-    killed = sweep(token, tracked)
+    killed = sweep(token, tracked, group)
     # One line on the client's stderr (inherited): why processes vanished.
     print(f"hetflow: the client of runtime {token} died; its guardian killed {killed} "
           f"process(es) it had started", file=sys.stderr, flush=True)
