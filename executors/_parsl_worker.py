@@ -54,6 +54,10 @@ def launch_command(prefix: str, python: Optional[str]) -> List[str]:
     return command + [python or sys.executable, "-m", "hetflow.executors._rank"]
 
 
+#: Environment variable holding the TMPDIR the ranks should see (the client's).
+RANK_TMPDIR = "HETFLOW_RANK_TMPDIR"
+
+
 def run_mpi_task(payload: bytes, resources: dict, sys_path: List[str], taskdir: str,
                  python: Optional[str] = None) -> dict:
     """Run one task on the nodes Parsl gave this worker; a report dict for the client.
@@ -76,6 +80,13 @@ def run_mpi_task(payload: bytes, resources: dict, sys_path: List[str], taskdir: 
         report.update(status="launch_error", error=str(exc), command=exc.command)
         return report
     env = launcher_env(command[0])
+    # The worker pool runs with a private TMPDIR (see ParslMPIExecutor.start); the
+    # ranks get the client's, as on every other executor.
+    rank_tmp = env.pop(RANK_TMPDIR, None)
+    if rank_tmp:
+        env["TMPDIR"] = rank_tmp
+    elif rank_tmp is not None:
+        env.pop("TMPDIR", None)
     launch = MPILaunch(taskdir, payload, res, list(sys_path), command, env)
     report["command"] = launch.command
     report["logs"] = [launch.stdout, launch.stderr]

@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
@@ -40,7 +41,8 @@ import psutil
 
 from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, TaskCancelled, TaskLost,
                             WalltimeExceeded)
-from hetflow.executors._parsl_worker import CANCEL_MARKER, LAUNCHER_FILE, run_mpi_task
+from hetflow.executors._parsl_worker import (CANCEL_MARKER, LAUNCHER_FILE, RANK_TMPDIR,
+                                             run_mpi_task)
 from hetflow.executors.base import HetflowExecutor, SlotScheduler, TaskTimes, collect
 from hetflow.executors.launch import kill_tree, timestamps
 from hetflow.spec import Resources
@@ -56,6 +58,21 @@ def parsl_resource_spec(resources: Resources) -> dict:
     ``ranks_per_node`` is derived.
     """
     return {"num_nodes": resources.cores, "ranks_per_node": 1, "num_ranks": resources.ranks}
+
+
+#: Longest dir whose 'pymp-XXXXXXXX/listener-XXXXXXXX' still fits a Unix socket path (107).
+_MAX_SOCKET_DIR = 70
+
+
+def _short_private_dir(preferred_parent: str) -> str:
+    """A fresh dir for the worker pool's TMPDIR, short enough for the Unix socket
+    multiprocessing binds in it: under ``preferred_parent`` (the run dir, removed with
+    it) when that is short, else in the temp dir, else in /tmp."""
+    for parent in (preferred_parent, tempfile.gettempdir(), "/tmp"):
+        if len(parent) + len("/hf-XXXXXXXX") <= _MAX_SOCKET_DIR and os.access(parent, os.W_OK):
+            return tempfile.mkdtemp(prefix="hf-", dir=parent)
+    raise ConfigError(f"no writable temp dir short enough for a Unix socket path "
+                      f"(tried {preferred_parent!r}, {tempfile.gettempdir()!r}, '/tmp')")
 
 
 def _parsl_commands() -> dict:
@@ -138,8 +155,13 @@ class ParslMPIExecutor(MPIExecutor):
         with open(self.nodefile, "w") as fh:
             fh.write("localhost\n" * self.max_ranks)
         bindir = os.path.dirname(os.path.abspath(self.python or sys.executable))
+        # The worker pool's multiprocessing Manager makes a 'pymp-*' dir in TMPDIR that
+        # nobody removes when the pool is killed at shutdown: give the pool a TMPDIR of
+        # its own, removed in shutdown (the ranks get the client's back).
+        self.worker_tmp = _short_private_dir(self.hetflow_dir)
         self.provider.worker_init = "\n".join(filter(None, [
             f"export PBS_NODEFILE={self.nodefile}",
+            f'export {RANK_TMPDIR}="${{TMPDIR-}}" TMPDIR={self.worker_tmp}',
             # The launcher ("mpiexec") and hetflow must resolve in the worker.
             f'export PATH="{bindir}:$PATH"',
             self._user_worker_init]))
@@ -159,6 +181,9 @@ class ParslMPIExecutor(MPIExecutor):
         try:
             super().shutdown(timeout=timeout)
         finally:
+            import shutil
+
+            shutil.rmtree(getattr(self, "worker_tmp", ""), ignore_errors=True)
             for taskdir in pending.values():
                 self._kill_launcher(taskdir)
             self.fail_unfinished((future.parsl_executor_task_id, future) for future in pending)

@@ -21,10 +21,12 @@ and resubmits the other tasks that were running on it (they run again).
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
@@ -114,13 +116,17 @@ class RadicalExecutor(HetflowExecutor):
         self._saved_env: Dict[str, Optional[str]] = {}
         self._threads: List[threading.Thread] = []
         self._worker_root: Optional[int] = None   # pid of the RAPTOR worker's mpiexec
+        self.rank_env: Dict[str, str] = {}          # environment RP tasks (the ranks) get
 
     # ------------------------------------------------------------------ start / stop
     def start(self) -> None:
         self.base = os.path.abspath(self.sandbox_dir or os.path.join(self.run_dir, "radical"))
         self.task_root = os.path.join(self.base, "tasks")
         os.makedirs(self.task_root, exist_ok=True)
+        self.status_dir = os.path.join(self.base, "rank-status")
+        os.makedirs(self.status_dir, exist_ok=True)
         self._set_environment()
+        self._rp_before = _rp_zmq_objects()
         try:
             self._start_pilot()
         except BaseException:
@@ -151,9 +157,16 @@ class RadicalExecutor(HetflowExecutor):
                "RADICAL_DEFAULT_IFACE": "lo" if self.resource == LOCAL_RESOURCE
                else os.environ.get("RADICAL_DEFAULT_IFACE", ""),
                "RADICAL_LOG_LVL": os.environ.get("RADICAL_LOG_LVL", "WARNING"),
+               # RP leaves temp files behind (the pilot launcher's 'rp.agent_cfg.*', the
+               # agent's '<TMPDIR>/rp.session.*'): its processes get a TMPDIR inside the
+               # sandbox, removed with it; the ranks get the client's back (rank_env).
+               "TMPDIR": os.path.join(self.base, "tmp"),
                # RP starts its bridges by command name: the venv's bin must be on PATH.
                "PATH": os.pathsep.join([os.path.dirname(sys.executable),
                                         os.environ.get("PATH", "")])}
+        os.makedirs(env["TMPDIR"], exist_ok=True)
+        # The client's own temp dir is fixed before TMPDIR changes (tempfile caches it).
+        self.rank_env = {"TMPDIR": tempfile.gettempdir()}
         for key, value in env.items():
             self._saved_env[key] = os.environ.get(key)
             if value:
@@ -203,7 +216,11 @@ class RadicalExecutor(HetflowExecutor):
         rp = import_rp()
 
         self._raptor.submit_workers(rp.TaskDescription(
-            {"mode": rp.RAPTOR_WORKER, "ranks": self.max_ranks, "raptor_class": "MPIWorker"}))
+            {"mode": rp.RAPTOR_WORKER, "ranks": self.max_ranks, "raptor_class": "MPIWorker",
+             "environment": dict(self.rank_env),
+             # A rank killed from outside leaves no evidence of its own; RP's launch script
+             # has its status ($RP_RET, after `wait` on $RP_RANK_PID, the rank's pid).
+             "post_exec": [f"echo $RP_RET > {self.status_dir}/exit-$RP_RANK_PID"]}))
 
     def _probe(self) -> None:
         """Run one no-op task on the whole worker: it is up, and its mpiexec is known."""
@@ -250,6 +267,7 @@ class RadicalExecutor(HetflowExecutor):
             except Exception:
                 pass
             self._session = None
+            release_client_handles(self.base, getattr(self, "_rp_before", set()))
         # Whatever RP left running (bridges, agent, launchers) is ended here.
         for proc in me.children(recursive=True) + session_processes(self.base):
             try:
@@ -304,7 +322,8 @@ class RadicalExecutor(HetflowExecutor):
             "mode": rp.TASK_EXECUTABLE, "ranks": task.resources.ranks,
             "cores_per_rank": task.resources.cores_per_rank,
             "executable": sys.executable,
-            "arguments": ["-m", "hetflow.executors._rank", task.taskdir]})
+            "arguments": ["-m", "hetflow.executors._rank", task.taskdir],
+            "environment": dict(self.rank_env)})
 
     def _dispatch(self) -> None:
         while True:
@@ -441,7 +460,11 @@ class RadicalExecutor(HetflowExecutor):
         """
         deadline = time.time() + wait_s
         sandbox = os.path.join(self.base, "sandbox")
+        pids = _pids(task.taskdir)
         while True:
+            found = rank_exit_statuses(self.status_dir, {r: pids[r] for r in dead if r in pids})
+            if found:
+                return found
             for root, _, files in os.walk(sandbox):
                 for name in files:
                     if not name.endswith(".out"):
@@ -553,6 +576,82 @@ def session_processes(base: str) -> List[psutil.Process]:
     return found
 
 
+def _rp_zmq_objects() -> set:
+    """Ids of the live radical.utils.zmq objects (publishers, queues, registry clients)."""
+    import gc
+
+    return {id(obj) for obj in gc.get_objects() if _is_rp_zmq(obj)}
+
+
+def _is_rp_zmq(obj) -> bool:
+    module = type(obj).__dict__.get("__module__") if not isinstance(obj, type) else None
+    return isinstance(module, str) and module.startswith("radical.utils.zmq")
+
+
+def release_client_handles(base: str, before: set) -> None:
+    """Close what RP's client keeps open after ``session.close()`` (~80 descriptors).
+
+    RP 1.103 leaves, per session: its ZMQ publishers, subscribers, queues and
+    registry clients with their sockets and private contexts ("rely on GC for
+    destruction", but the objects stay referenced); log handlers and profilers
+    writing into the session dir; and one descriptor per ``ru.write_json`` call,
+    which discards the fd ``tempfile.mkstemp`` returns. Only what this session made
+    is closed: zmq objects that did not exist before it started, files under ``base``.
+    """
+    import gc
+    import logging
+
+    import zmq
+
+    shared = zmq.Context._instance            # RP's subscribers share it; it stays
+    for obj in gc.get_objects():
+        if id(obj) in before or not _is_rp_zmq(obj):
+            continue
+        values = []
+        for value in getattr(obj, "__dict__", {}).values():
+            values.extend(value if isinstance(value, (list, tuple)) else [value])
+        for value in values:
+            if isinstance(value, zmq.Socket) and not value.closed:
+                value.close(linger=0)
+        for value in values:
+            if isinstance(value, zmq.Context) and value is not shared and not value.closed:
+                value.destroy(linger=0)
+    prefix = base + os.sep
+    loggers = [logging.getLogger()] + [logger for logger in
+                                       logging.Logger.manager.loggerDict.values()
+                                       if isinstance(logger, logging.Logger)]
+    for logger in loggers:
+        for handler in list(logger.handlers):
+            if getattr(handler, "baseFilename", "").startswith(prefix):
+                logger.removeHandler(handler)
+                handler.close()
+    try:
+        from radical.utils import profile
+        for entry in list(profile._profilers):
+            profiler, fname = entry
+            if str(fname).startswith(prefix):
+                profiler.close()
+                profile._profilers.remove(entry)
+    except (ImportError, AttributeError, ValueError):
+        pass
+    # Contexts RP dropped without destroying sit in reference cycles: collect them now.
+    gc.collect()
+    # Descriptors into the session dir that no Python file object owns: write_json's.
+    owned = {obj.fileno() for obj in gc.get_objects()
+             if isinstance(obj, io.FileIO) and not obj.closed}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(prefix) and fd not in owned:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 def _noop():
     return None
 
@@ -572,6 +671,22 @@ def _pids(taskdir: str) -> Dict[int, int]:
             except (OSError, ValueError):
                 pass
     return pids
+
+
+def rank_exit_statuses(status_dir: str, pids: Dict[int, int]) -> dict:
+    """``{rank: (description, "")}`` for worker ranks whose exit status RP's launch
+    script recorded (see ``RadicalExecutor._start_worker``): ``128 + s`` is bash's
+    status of a process killed by signal ``s``."""
+    deaths = {}
+    for rank, pid in pids.items():
+        try:
+            with open(os.path.join(status_dir, f"exit-{pid}")) as fh:
+                code = int(fh.read().strip())
+        except (OSError, ValueError):
+            continue
+        deaths[rank] = (f"was killed by signal {code - 128}" if code > 128
+                        else f"exited with code {code}", "")
+    return deaths
 
 
 def _safe_outcomes(taskdir: str) -> dict:

@@ -13,6 +13,7 @@ import tempfile
 from importlib.metadata import entry_points
 from typing import Any, Dict, Iterator, Optional
 
+from hetflow._guardian import Guardian
 from hetflow.errors import ConfigError, InputError, NotSupported, ResourcesUnavailable, TaskCancelled
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,11 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
     ``keep_run_dir`` or ``run_dir`` was given. ``checkpoint`` (a directory) journals
     every finished task's result there; a later runtime with the same directory
     skips those tasks (see :mod:`hetflow.journal`). Extra keywords go to the executor.
+
+    Every process the runtime starts dies with the client, however the client
+    ends (``kill -9`` included): a guardian process watches it (see
+    :mod:`hetflow._guardian`); ``dfk.hetflow_token`` names the environment mark
+    those processes carry.
     """
     import parsl
 
@@ -95,13 +101,18 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
     owned = run_dir is None
     base = tempfile.mkdtemp(prefix=f"hetflow-{name}-") if owned else os.path.abspath(run_dir)
     os.makedirs(base, exist_ok=True)
+    # Before any executor starts: everything it starts carries the guardian's token, so
+    # it all dies with the client, however the client dies (see hetflow._guardian).
+    guardian = Guardian(base if owned and not keep_run_dir else None)
     try:
         executor = cls(**executor_options)
         config = make_config(executor, run_dir=os.path.join(base, "runinfo"), monitoring=monitoring,
                              memoizer=memoizer, **(config_options or {}))
         dfk = parsl.load(config)
         dfk.hetflow_checkpoint = checkpoint is not None
+        dfk.hetflow_token = guardian.token
     except BaseException:
+        guardian.stop()
         if owned and not keep_run_dir:
             shutil.rmtree(base, ignore_errors=True)
         raise
@@ -112,5 +123,6 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
             dfk.cleanup()
         finally:
             parsl.clear()
+            guardian.stop()
             if owned and not keep_run_dir:
                 shutil.rmtree(base, ignore_errors=True)

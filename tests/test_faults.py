@@ -1,15 +1,23 @@
-"""Faults beyond the parity suite, on every executor: outside kills and bad input files.
+"""Faults beyond the parity suite, on every executor: outside kills, a killed client,
+bad input files.
 
 (tests/test_parity.py already covers a rank that raises, calls ``os._exit``,
 aborts, overruns its walltime, deadlocks in a collective, or is cancelled.)
 """
+import json
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
+import psutil
 import pytest
 
 import hetflow
+from conftest import EXECUTOR_OPTIONS, PARITY_EXECUTORS
+from hetflow._guardian import marked_processes
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -70,13 +78,10 @@ def test_rank_killed_from_outside_is_task_lost(runtime_name, tmp_path):
     assert time.time() - start < 90
     err = info.value
     assert err.rank == 1, str(err)
-    if runtime_name == "radical":
-        # Inside a RAPTOR worker the rank is a child of the pilot's Hydra proxy, which
-        # reports its status nowhere the client can read in time: named, signal unknown.
-        assert "killed from outside" in str(err), str(err)
-    else:
-        assert "signal 9" in str(err), str(err)
-        assert err.signal == 9
+    # (radical: a RAPTOR worker rank's status comes from RP's launch script, see
+    # RadicalExecutor._start_worker)
+    assert "signal 9" in str(err), str(err)
+    assert err.signal == 9
     # the runtime runs the next task
     assert echo("next").result(timeout=90) == "next"
 
@@ -135,3 +140,151 @@ def test_mismatched_key_types_fail_once_without_retry(runtime_name, parquet_file
     _input_error(fut)
     assert fut.task_record["fail_count"] == 1
     assert read_rows([parquet_files["good"]]).result(timeout=120) == 100
+
+
+# ----------------------------------------------------------------------------- killed client
+#: A client holding a runtime, SIGKILLed by the tests below. It prints its runtime's
+#: token, then (mode "campaign") a line per finished task of a checkpointed campaign,
+#: or (mode "hold") a line once a 2-rank task is running, and waits.
+CLIENT = textwrap.dedent('''
+    import json, os, sys, time
+    import hetflow
+
+    mode, name, options, work = sys.argv[1:5]
+
+    @hetflow.mpi_app(ranks=1)
+    def step(comm, i, marks):
+        open(os.path.join(marks, f"ran-{i}-{os.getpid()}"), "w").close()
+        time.sleep(0.3)
+        return i * i
+
+    @hetflow.mpi_app(ranks=2)
+    def hold(comm, marks):
+        open(os.path.join(marks, f"rank-{comm.Get_rank()}"), "w").close()
+        time.sleep(300)
+
+    checkpoint = os.path.join(work, "ckpt") if mode == "campaign" else None
+    with hetflow.runtime(name, checkpoint=checkpoint, **json.loads(options)) as dfk:
+        print("token", dfk.hetflow_token, flush=True)
+        marks = os.path.join(work, "marks")
+        if mode == "campaign":
+            for i in range(8):
+                print("done", i, step(i, marks).result(), flush=True)
+        else:
+            future = hold(marks)
+            while len(os.listdir(marks)) < 2:
+                time.sleep(0.05)
+            print("running", flush=True)
+            future.result()
+''')
+
+#: Seconds a killed client's runtime may take to die (the guardian reacts at once;
+#: SIGKILLed processes take a moment to be reaped on a loaded machine).
+DIE_WITHIN_S = 15
+#: Pilot start (~15-40 s on 2 busy cores, more beside another pilot) is most of a radical
+#: client's life: its two clients get more time.
+CLIENT_TIMEOUT = {"radical": 300}
+#: The executors with the test timeouts the killed-client tests need.
+KILLED_CLIENT_EXECUTORS = [pytest.param(n, marks=pytest.mark.timeout(2 * CLIENT_TIMEOUT[n] + 60))
+                           if n in CLIENT_TIMEOUT else n for n in PARITY_EXECUTORS]
+
+
+def _start_client(tmp_path, mode, name, max_ranks):
+    """The client script running in its own session, with a private TMPDIR."""
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    (tmp_path / "marks").mkdir(exist_ok=True)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    options = json.dumps({**EXECUTOR_OPTIONS[name], "max_ranks": max_ranks})
+    args = [sys.executable, str(script), mode, name, options, str(tmp_path)]
+    return args, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)})
+
+
+def _kill_client(client, token):
+    """SIGKILL the client alone; return what it had started (its tree, and token holders)."""
+    started = psutil.Process(client.pid).children(recursive=True)
+    started += [psutil.Process(pid) for pid in marked_processes(token)
+                if psutil.pid_exists(pid)]
+    os.kill(client.pid, signal.SIGKILL)
+    client.wait()
+    return started
+
+
+def _assert_runtime_died(name, token, started, client):
+    """Everything the killed client's runtime started ends within DIE_WITHIN_S."""
+    _, alive = psutil.wait_procs(started, timeout=DIE_WITHIN_S)
+    deadline = time.time() + DIE_WITHIN_S
+    while (left := marked_processes(token)) and time.time() < deadline:
+        time.sleep(0.1)
+    stderr = client.stderr.read()
+    client.stderr.close()
+    assert not alive, f"{name}: processes outlived the killed client: {alive}\n{stderr[-2000:]}"
+    assert not left, (f"{name}: processes carrying the runtime's token outlived the killed "
+                      f"client: {[psutil.Process(p).cmdline() for p in left]}")
+    assert "its guardian killed" in stderr, stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", KILLED_CLIENT_EXECUTORS)
+def test_killed_client_takes_its_runtime_with_it(tmp_path, name):
+    timeout = CLIENT_TIMEOUT.get(name, 120)
+    args, client = _start_client(tmp_path, "hold", name, max_ranks=2)
+    token = None
+    try:
+        deadline = time.time() + timeout
+        for line in client.stdout:                 # a 2-rank task is running when we kill
+            if line.startswith("token"):
+                token = line.split()[1]
+            if line.startswith("running") or time.time() > deadline:
+                break
+        assert token is not None and line.startswith("running"), client.stderr.read()[-3000:]
+    finally:
+        started = _kill_client(client, token) if token else []
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+        client.stdout.close()
+    _assert_runtime_died(name, token, started, client)
+    # the guardian also removed the runtime's temp run dir
+    assert not [n for n in os.listdir(tmp_path / "tmp") if n.startswith("hetflow-")]
+
+
+@pytest.mark.parametrize("name", KILLED_CLIENT_EXECUTORS)
+def test_checkpoint_resumes_a_killed_campaign(tmp_path, name):
+    # The journal lives in the client's DataFlowKernel, so resuming works the same on every
+    # runtime; the guardian makes sure the first client's runtime died with it.
+    timeout = CLIENT_TIMEOUT.get(name, 120)
+    args, first = _start_client(tmp_path, "campaign", name, max_ranks=1)  # one task at a time
+    token, done_before_kill = None, set()
+    try:
+        for line in first.stdout:
+            if line.startswith("token"):
+                token = line.split()[1]
+            if line.startswith("done"):
+                done_before_kill.add(int(line.split()[1]))
+            if len(done_before_kill) == 3:
+                break
+    finally:
+        started = _kill_client(first, token) if token else []   # mid-campaign
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        first.stdout.close()
+    assert len(done_before_kill) == 3, first.stderr.read()[-3000:]
+    _assert_runtime_died(name, token, started, first)
+
+    second = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    assert second.returncode == 0, second.stderr[-3000:]
+    results = {int(l.split()[1]): int(l.split()[2]) for l in second.stdout.splitlines()
+               if l.startswith("done")}
+    assert results == {i: i * i for i in range(8)}
+
+    runs = {i: 0 for i in range(8)}
+    for mark in os.listdir(tmp_path / "marks"):
+        runs[int(mark.split("-")[1])] += 1
+    for i in done_before_kill:
+        assert runs[i] == 1, f"task {i} finished before the kill but ran {runs[i]} times"
+    assert all(n >= 1 for n in runs.values())
+    assert sum(runs.values()) <= 9             # at most the task in flight at the kill reran

@@ -1,19 +1,11 @@
-"""MPI apps on Parsl's machinery, on every executor: memoization, retries, checkpoint/restart,
+"""MPI apps on Parsl's machinery, on every executor: memoization, retries, the checkpoint journal,
 and validation at the API edge (bad calls fail at call time, not later on a rank)."""
-import json
 import os
-import signal
-import subprocess
-import sys
-import textwrap
 import threading
-import time
 
-import psutil
 import pytest
 
 import hetflow
-from conftest import EXECUTOR_OPTIONS, PARITY_EXECUTORS
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -125,77 +117,7 @@ def test_unpicklable_argument_fails_at_call_time(runtime_name):
 
 
 # ----------------------------------------------------------------------------- checkpoint
-CAMPAIGN = textwrap.dedent('''
-    import json, os, sys, time
-    import hetflow
-
-    checkpoint, marks, run_dir, name, options = sys.argv[1:6]
-
-    @hetflow.mpi_app(ranks=1)
-    def step(comm, i, marks):
-        open(os.path.join(marks, f"ran-{i}-{os.getpid()}"), "w").close()
-        time.sleep(0.3)
-        return i * i
-
-    with hetflow.runtime(name, checkpoint=checkpoint, run_dir=run_dir, **json.loads(options)):
-        for i in range(8):
-            print("done", i, step(i, marks).result(), flush=True)
-''')
-
-
-def _descendants(pid):
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-# The journal lives in the client's DataFlowKernel, so resuming works the same on every
-# runtime; these two also show that nothing the killed client started outlives it. Parsl's
-# interchange and RADICAL-Pilot's components do outlive a SIGKILLed client (seen here; a known
-# gap written down in the README), so they are not in this list.
-@pytest.mark.parametrize("name", [n for n in PARITY_EXECUTORS if n in ("mpirun", "pool")])
-def test_checkpoint_resumes_a_killed_campaign(tmp_path, name):
-    script = tmp_path / "campaign.py"
-    script.write_text(CAMPAIGN)
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    options = json.dumps({**EXECUTOR_OPTIONS[name], "max_ranks": 1})   # one task at a time
-    args = [sys.executable, str(script), str(tmp_path / "ckpt"), str(marks), str(tmp_path / "run"),
-            name, options]
-
-    first = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    done_before_kill = set()
-    try:
-        for line in first.stdout:
-            if line.startswith("done"):
-                done_before_kill.add(int(line.split()[1]))
-            if len(done_before_kill) == 3:
-                break
-        orphans = _descendants(first.pid)      # launchers, ranks, workers of the client
-    finally:
-        os.kill(first.pid, signal.SIGKILL)     # only the client dies, mid-campaign
-        first.wait()
-    assert len(done_before_kill) == 3
-    # Whatever the client had started must end by itself (no orphans left running).
-    gone, alive = psutil.wait_procs(orphans, timeout=60)
-    assert not alive, f"{name}: processes outlived the killed client: {alive}"
-
-    second = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert second.returncode == 0, second.stderr
-    results = {int(l.split()[1]): int(l.split()[2]) for l in second.stdout.splitlines()
-               if l.startswith("done")}
-    assert results == {i: i * i for i in range(8)}
-
-    runs = {i: 0 for i in range(8)}
-    for name in os.listdir(marks):
-        runs[int(name.split("-")[1])] += 1
-    for i in done_before_kill:
-        assert runs[i] == 1, f"task {i} finished before the kill but ran {runs[i]} times"
-    assert all(n >= 1 for n in runs.values())
-    assert sum(runs.values()) <= 9             # at most the task in flight at the kill reran
-
-
+# (resuming a campaign whose client was SIGKILLed: tests/test_faults.py)
 def test_checkpoint_journal_skips_unreadable_records(tmp_path):
     from hetflow.journal import Journal
 

@@ -1,0 +1,283 @@
+"""The runtime's guardian: when the client dies, by any means, its runtime dies with it.
+
+Runtimes start processes that do not die with the client: Parsl's interchange
+and worker pool, RADICAL-Pilot's bridges, agent and RAPTOR workers daemonise or
+wait on sockets nobody will ever close. A ``kill -9`` of the client (or the OOM
+killer, or a lost terminal) would leave them running for good.
+
+``hetflow.runtime`` therefore starts one small guardian process per runtime
+before any executor starts, and marks the environment with a variable whose
+*name* holds a fresh random token (``HETFLOW_RUNTIME_<token>``). Every process
+the runtime starts inherits it, however it was started (fork, exec, daemonised,
+re-parented to init, launched through ``mpiexec`` or a pilot's bootstrap), and
+``/proc/<pid>/environ`` shows it for the process's whole life. Nested runtimes
+keep each other's variables, so each guardian covers its own subtree.
+
+The guardian waits on a pidfd of the client (it is the client's child) and on a
+pipe from it. A ``stop`` line on the pipe (normal exit) makes it exit quietly;
+the client's death (pidfd readable, or the pipe closed without ``stop``) makes it
+SIGKILL every process carrying its token, again until none is left, and then
+remove the runtime's own temp run dir. Processes of other runtimes carry other
+tokens and are never touched.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+#: Prefix of the environment variable that marks a runtime's processes.
+ENV_PREFIX = "HETFLOW_RUNTIME_"
+_STOP = b"stop\n"
+#: How long the guardian keeps sweeping for stragglers (forks racing the kill).
+_SWEEP_S = 5.0
+#: How often the guardian records the client's descendants.
+_TRACK_S = 0.5
+
+
+def marker(token: str) -> str:
+    """Name of the environment variable carrying ``token``."""
+    return ENV_PREFIX + token
+
+
+def marked_processes(token: str, exclude: tuple = ()) -> List[int]:
+    """Pids of live processes whose environment carries ``token`` (zombies excluded)."""
+    needle = (marker(token) + "=").encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        if pid in exclude:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                environ = fh.read()
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:               # gone, or not ours to read
+            continue
+        if state in (b"Z", b"X"):
+            continue
+        # Variables are NUL-separated: match whole names only.
+        if environ.startswith(needle) or b"\0" + needle in environ:
+            found.append(pid)
+    return found
+
+
+def _start_time(pid: int) -> Optional[int]:
+    """Start time of ``pid`` in clock ticks (tells a live process from a recycled pid)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def descendants(root: int, since: int = 0) -> Dict[int, int]:
+    """Pid -> start time of every live descendant of ``root`` (from /proc's children
+    lists), leaving out subtrees whose top started no later than ``since`` (clock ticks)."""
+    found: Dict[int, int] = {}
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                    children = [int(c) for c in fh.read().split()]
+            except (OSError, ValueError):
+                continue
+            for child in children:
+                started = _start_time(child)
+                if started is not None and started > since and child not in found:
+                    found[child] = started
+                    stack.append(child)
+    return found
+
+
+def orphans(pgid: int, since: int) -> List[int]:
+    """Processes the dead client left as orphans: re-parented to our own new parent (init
+    or a subreaper), still in the client's process group, started after ``since``."""
+    reaper = os.getppid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            if int(fields[1]) == reaper and int(fields[2]) == pgid and int(fields[19]) > since:
+                found.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def sweep(token: str, tracked: Optional[Dict[int, int]] = None, group: Optional[tuple] = None,
+          budget_s: float = _SWEEP_S) -> int:
+    """SIGKILL every process marked with ``token``, every still-live ``tracked`` process
+    (pid -> start time) and their descendants, and the client's orphans (``group``: its
+    process group and our start time), until a scan finds none; how many died."""
+    me = os.getpid()
+    tracked = dict(tracked or {})
+    killed = set()
+    deadline = time.monotonic() + budget_s
+    while True:
+        # Forks of the client never exec'd, so they lack the mark: known by the tree we
+        # recorded, or, if forked since, as orphans of the client's process group.
+        if group is not None:
+            for pid in orphans(*group):
+                tracked.setdefault(pid, _start_time(pid))
+        for pid, started in list(tracked.items()):
+            if _start_time(pid) != started:
+                del tracked[pid]
+                continue
+            tracked.update(descendants(pid))
+        targets = (set(marked_processes(token)) | set(tracked)) - {me}
+        targets = {pid for pid in targets if pid not in killed or _alive(pid)}
+        if not targets:
+            return len(killed)
+        for pid in targets:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if time.monotonic() > deadline:
+            return len(killed)
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+class Guardian:
+    """Client side of one runtime's guardian: start it, mark the environment, stop it."""
+
+    def __init__(self, run_dir: Optional[str] = None):
+        self.token = secrets.token_hex(8)
+        self.name = marker(self.token)
+        # Started before the environment is marked, so it never sweeps itself.
+        # Run as a file in isolated mode: stdlib only, no hetflow/Parsl import (fast start).
+        args = [sys.executable, "-I", os.path.abspath(__file__), self.token]
+        if run_dir is not None:
+            args.append(run_dir)
+        self._proc = None
+        if os.path.isdir("/proc/self/task"):     # Linux: the guardian reads /proc
+            self._proc = subprocess.Popen(args, stdin=subprocess.PIPE,
+                                          stdout=subprocess.DEVNULL, close_fds=True,
+                                          start_new_session=True)
+        os.environ[self.name] = str(os.getpid())
+        # setproctitle (Parsl's interchange, RP's components) writes a long title over
+        # the environ block, erasing the mark from /proc/<pid>/environ; SPT_NOENV stops it.
+        self._spt_noenv = os.environ.get("SPT_NOENV")
+        os.environ["SPT_NOENV"] = "1"
+
+    def processes(self) -> List[int]:
+        """Live processes carrying this runtime's token (the guardian itself excluded)."""
+        return marked_processes(self.token, exclude=(self._proc.pid,) if self._proc else ())
+
+    def stop(self) -> None:
+        """Normal exit: unmark the environment and let the guardian exit without sweeping."""
+        os.environ.pop(self.name, None)
+        if self._spt_noenv is None:
+            os.environ.pop("SPT_NOENV", None)
+        else:
+            os.environ["SPT_NOENV"] = self._spt_noenv
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            try:
+                self._proc.stdin.write(_STOP)
+                self._proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        else:
+            self._proc.stdin.close()
+
+
+def _watch_client(pipe_fd: int, tracked: Dict[int, int], born: int) -> bool:
+    """Block until the client stops us (False) or dies (True).
+
+    Meanwhile every ``_TRACK_S`` record the client's descendants in ``tracked``: a
+    process the client forked without exec'ing carries the client's original
+    environment, without the mark, and is known only as a descendant.
+    """
+    client = os.getppid()
+    me = os.getpid()
+    pidfd = None
+    try:
+        pidfd = os.pidfd_open(client)
+    except (AttributeError, OSError):
+        pass
+    if os.getppid() != client or client == 1:
+        return True                   # it died before we could watch it
+    watched = [pipe_fd] + ([pidfd] if pidfd is not None else [])
+    data = b""
+    while True:
+        ready, _, _ = select.select(watched, [], [], _TRACK_S)
+        if pipe_fd in ready:          # first: a "stop" written just before exiting counts
+            chunk = os.read(pipe_fd, 64)
+            if not chunk:
+                return True
+            data += chunk
+            if data.endswith(_STOP):
+                return False
+        if (pidfd is not None and pidfd in ready) or os.getppid() != client:
+            return True
+        if not ready:
+            for pid, started in list(tracked.items()):
+                if _start_time(pid) != started:
+                    del tracked[pid]      # ended: forget it (its pid may be reused)
+            tracked.update(descendants(client, since=born))
+            tracked.pop(me, None)
+
+
+def main(argv: List[str]) -> int:
+    token = argv[0]
+    run_dir = argv[1] if len(argv) > 1 else None
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)   # a terminal's Ctrl-C is the client's business
+    tracked: Dict[int, int] = {}
+    # The client's older processes (started before its runtime) are none of our business.
+    born = _start_time(os.getpid()) or 0
+    client = os.getppid()
+    try:
+        group = (os.getpgid(client), born)
+    except OSError:
+        group = None
+    if os.getppid() != client:        # the client died already: that group is not its
+        group = None
+    if not _watch_client(sys.stdin.fileno(), tracked, born):
+        return 0
+    killed = sweep(token, tracked, group)
+    # One line on the client's stderr (inherited): why processes vanished.
+    print(f"hetflow: the client of runtime {token} died; its guardian killed {killed} "
+          f"process(es) it had started", file=sys.stderr, flush=True)
+    if run_dir is not None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

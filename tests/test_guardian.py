@@ -1,0 +1,134 @@
+"""The runtime guardian alone (no runtime): what it kills when its client dies, and what not.
+
+(tests/test_faults.py kills real clients holding each executor's runtime.)
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from hetflow._guardian import marked_processes
+
+pytestmark = pytest.mark.timeout(60)
+
+#: A client that starts, in this order: an older child (before its guardian), a guardian,
+#: a daemonised child (double fork + setsid: re-parented to init, marked), and a fork that
+#: never exec'd (unmarked, known only as a descendant). It prints their pids and waits
+#: for "stop" (normal exit) or to be killed.
+CLIENT = textwrap.dedent('''
+    import os, subprocess, sys, time
+    from hetflow._guardian import Guardian
+
+    older = subprocess.Popen(["sleep", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    guardian = Guardian()
+    daemon = subprocess.run(
+        ["sh", "-c", "setsid sh -c 'sleep 300 >/dev/null 2>&1 & echo $!' </dev/null"],
+        capture_output=True,
+        text=True).stdout.strip()
+    forked = os.fork()
+    if forked == 0:
+        time.sleep(300)
+        os._exit(0)
+    time.sleep(0.1)           # (tracked every 0.5 s, or found as an orphan of its group)
+    print(guardian.token, older.pid, daemon, forked, flush=True)
+    if sys.stdin.readline().strip() == "stop":
+        guardian.stop()
+        print("stopped", flush=True)
+        sys.stdin.readline()
+''')
+
+
+def _client(tmp_path):
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    token, *pids = proc.stdout.readline().split()
+    return proc, token, [psutil.Process(int(p)) for p in pids]
+
+
+def _gone(proc, timeout=10):
+    """True once ``proc`` ended (a zombie has ended: it waits for init to reap it)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _cleanup(proc, procs):
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        stream.close()
+
+
+def test_client_sigkill_kills_what_it_started_and_nothing_else(tmp_path):
+    bystander = subprocess.Popen(["sleep", "300"])     # another process on the machine
+    proc, token, (older, daemon, forked) = _client(tmp_path)
+    try:
+        assert daemon.pid in marked_processes(token)    # marked, though not the client's child
+        assert forked.pid not in marked_processes(token)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert _gone(daemon), "a daemonised child outlived its client"
+        assert _gone(forked), "a fork of the client outlived it"
+        assert not marked_processes(token)
+        assert older.is_running(), "a child the client started before its runtime was killed"
+        assert bystander.poll() is None
+        assert "its guardian killed 2 process(es)" in proc.stderr.read()
+    finally:
+        bystander.kill()
+        bystander.wait()
+        _cleanup(proc, [older, daemon, forked])
+
+
+def test_normal_exit_kills_nothing(tmp_path):
+    proc, token, (older, daemon, forked) = _client(tmp_path)
+    try:
+        proc.stdin.write("stop\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "stopped"
+        os.kill(proc.pid, signal.SIGKILL)            # after stop(): no guardian any more
+        proc.wait()
+        time.sleep(1)
+        assert daemon.is_running() and forked.is_running() and older.is_running()
+    finally:
+        _cleanup(proc, [older, daemon, forked])
+
+
+def test_tokens_are_distinct_and_marks_nest():
+    from hetflow._guardian import Guardian
+
+    outer = Guardian()
+    inner = Guardian()
+    try:
+        assert outer.token != inner.token
+        child = subprocess.Popen(["sleep", "30"])
+        try:
+            found_outer = marked_processes(outer.token)
+            found_inner = marked_processes(inner.token)
+            assert child.pid in found_outer and child.pid in found_inner
+        finally:
+            child.kill()
+            child.wait()
+    finally:
+        inner.stop()
+        outer.stop()
+    assert not any(k.startswith("HETFLOW_RUNTIME_") for k in os.environ)
