@@ -65,6 +65,19 @@ def _pycylon_status():
     return pycylon, ""
 
 
+def requested_name(backend: Optional[str] = None) -> str:
+    """The backend name asked for (argument, then :func:`set_backend`, then the environment),
+    before any check that it can run; the pycylon adapter routes on it."""
+    return _check_name(backend or _default or os.environ.get(ENV) or "auto")
+
+
+def pycylon_module():
+    """The imported pycylon module; raises BackendUnavailable (naming the import error) if
+    pycylon cannot be imported."""
+    resolve("pycylon")
+    return _pycylon_status()[0]
+
+
 def resolve(requested: Optional[str] = None) -> str:
     """The backend an operation will run on: ``"cpu"``, ``"cupy"`` or ``"pycylon"``."""
     name = requested or _default or os.environ.get(ENV) or "auto"
