@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hetflow.errors import HetflowError, NotSupported
+from hetflow.errors import BackendUnavailable, HetflowError, NotSupported
 from hetflow.frame import _backend
 from hetflow.frame._table import DistributedTable
 
@@ -101,7 +101,17 @@ class _Session:
     """
 
     def __init__(self, comm):
-        self.pycylon = _backend.pycylon_module()  # BackendUnavailable with the import error
+        # Agreed over the ranks, so a rank where pycylon imports never waits in Dup for one
+        # where it does not; each rank raises its own import error, or names the failing rank.
+        mine = None
+        try:
+            self.pycylon = _backend.pycylon_module()
+        except BackendUnavailable as exc:
+            mine = str(exc)
+        failed = [(r, e) for r, e in enumerate(comm.allgather(mine)) if e]
+        if failed:
+            raise BackendUnavailable(mine or f"pycylon cannot run on rank {failed[0][0]}: "
+                                     f"{failed[0][1]}")
         self.comm = comm
         self.dup = comm.Dup()
         self.env = None
