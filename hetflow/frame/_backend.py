@@ -5,7 +5,9 @@ The choice is made per operation from (in order) the operation's ``backend=`` ar
 imports and sees a GPU, else the CPU. pycylon is only used when asked for by name, since it brings
 its own MPI context. A result's ``backend`` attribute names the path that actually ran: nothing
 claims GPU or pycylon work that did not happen, and asking for a path that cannot run raises
-:class:`~hetflow.errors.BackendUnavailable` instead of falling back silently.
+:class:`~hetflow.errors.BackendUnavailable` instead of falling back silently. (An operation
+pycylon has no form of, such as a semi join, runs on the CPU engine with a logged warning and
+``backend == "cpu"``; see :mod:`hetflow.frame._pycylon`.)
 """
 from __future__ import annotations
 
