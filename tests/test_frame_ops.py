@@ -151,6 +151,44 @@ if rank == 0:
 if cs.local.schema.names != ["a", "b"]:
     failures.append(f"csv schema on rank {rank}: {cs.local.schema}")
 
+# CSV: one large file split over the ranks at line boundaries, in order, with its header;
+# int in one piece and float in another promote to double on every rank
+big = pa.table({"n": np.arange(2000), "x": np.where(np.arange(2000) < 1500, 1.0, 2.5),
+                "s": [f"row {i}" for i in range(2000)]})
+if rank == 0:
+    os.makedirs(os.path.join(workdir, "csv1"), exist_ok=True)
+    pcsv.write_csv(big, os.path.join(workdir, "csv1", "big.csv"))
+    with open(os.path.join(workdir, "mixed.csv"), "w") as fh:
+        fh.write("k,v\n" + "".join(f"{i},{i}\n" for i in range(300)) + "300,0.5\n")
+comm.Barrier()
+one_csv = frame.read_csv(comm, os.path.join(workdir, "csv1", "big.csv"))
+counts = comm.allgather(one_csv.local_rows)
+got = one_csv.gather()
+if rank == 0:
+    if not got.equals(pcsv.read_csv(os.path.join(workdir, "csv1", "big.csv"))):
+        failures.append("one CSV file split by bytes differs from reading it whole")
+    # equal shares of bytes: rows vary in length here, so row counts are only roughly equal
+    if size > 1 and (min(counts) < 0.75 * 2000 / size or max(counts) > 1.25 * 2000 / size):
+        failures.append(f"one CSV file not split evenly: {counts}")
+mixed_csv = frame.read_csv(comm, os.path.join(workdir, "mixed.csv"))
+if mixed_csv.local.schema.field("v").type != pa.float64():
+    failures.append(f"csv types not promoted on rank {rank}: {mixed_csv.local.schema}")
+whole_mixed = mixed_csv.gather()
+if rank == 0 and whole_mixed.column("v").to_pylist()[-2:] != [299.0, 0.5]:
+    failures.append("csv promoted values")
+
+# to_parquet into a directory written before by more ranks: no stale part files remain
+stale_dir = os.path.join(workdir, "pq_stale")
+if rank == 0:
+    os.makedirs(stale_dir, exist_ok=True)
+    for r in range(size, size + 2):
+        pa.parquet.write_table(pa.table({"k": [99]}), os.path.join(stale_dir, f"part-{r:05d}.parquet"))
+comm.Barrier()
+frame.from_local(comm, pa.table({"k": [rank]})).to_parquet(stale_dir)
+back = frame.read_parquet(comm, stale_dir).gather()
+if rank == 0 and sorted(back.column("k").to_pylist()) != list(range(size)):
+    failures.append(f"stale part files read back: {back.column('k').to_pylist()}")
+
 mpiutil.report({"failures": failures, "checked": checked})
 """
 

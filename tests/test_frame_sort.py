@@ -79,6 +79,29 @@ check("skew strings", lambda r: pa.table({"s": ["same"] * 900 + ["x%d" % i for i
 check("uniform balance", lambda r: random_part(5, r, rows=4000, key_range=10**9, null_rate=0),
       "k", balance_bound=bound)
 check("all ranks empty", lambda r: random_part(0, r, empty_ranks=range(size)), "k")
+
+def extremes(typ, low, high, n=300):
+    # key columns of every width, the type's extremes included, rank 1 empty
+    def make(r):
+        rng = np.random.default_rng([7, r])
+        rows = 0 if r == 1 else n
+        k = rng.integers(low, high, rows, endpoint=True,
+                         dtype=np.uint64 if low >= 0 else np.int64)
+        k[:2] = [low, high][:rows]
+        return pa.table({"k": pa.array(k, typ), "v": pa.array(np.arange(rows) + 1000 * r)})
+    return make
+
+def floats(r):
+    rng = np.random.default_rng([8, r])
+    f = rng.normal(size=200)
+    f[:4] = [np.inf, -np.inf, 1e308, -1e-308]
+    return pa.table({"f": f, "v": np.arange(200) + 1000 * r})
+
+for asc in (True, False):
+    check(f"int8 extremes asc={asc}", extremes(pa.int8(), -128, 127), "k", asc)
+    check(f"int64 extremes asc={asc}", extremes(pa.int64(), -2**63, 2**63 - 1), "k", asc)
+    check(f"uint64 beyond int64 asc={asc}", extremes(pa.uint64(), 0, 2**64 - 1), "k", asc)
+    check(f"floats with infinities asc={asc}", floats, "f", asc)
 mpiutil.report({"failures": failures, "checked": checked, "balance": balance})
 """
 
@@ -88,5 +111,5 @@ def test_sort_matches_polars(ranks):
     run = run_mpi(SCRIPT, ranks, timeout=240)
     reports = run.values(ranks)
     assert "Warning" not in run.stderr, run.stderr
-    assert reports[0]["checked"] == 3 * 11 + 5
+    assert reports[0]["checked"] == 3 * 11 + 5 + 2 * 4
     assert reports[0]["failures"] == [], "\n".join(reports[0]["failures"][:10])

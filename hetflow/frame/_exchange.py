@@ -1,15 +1,16 @@
 """Moving Arrow data between ranks as Arrow buffers, never by pickling.
 
-``exchange_rows`` is the all-to-all at the heart of shuffle and sort. Each rank packs the rows
-bound for every other rank back to back in one send buffer and a single ``Alltoallv`` of bytes
-moves them (byte counts, formats and row counts first, with an ``Alltoall``). Two formats:
-- plain column buffers, when every column is fixed-width (integers, floats, temporals) and this
-  rank has no nulls: rows are gathered with ``np.take`` straight into the send buffer (no
-  intermediate table) and received as zero-copy Arrow arrays over the receive buffer;
+:class:`RowExchange` is the all-to-all at the heart of shuffle, join and sort. The row routing
+(which rows go to which rank) is fixed once; columns then move one ``Alltoallv`` at a time
+(byte counts and formats first, with an ``Alltoall``), so an operation exchanges its keys first,
+plans on them, and fetches each payload column only when it consumes it. Two formats:
+- plain value buffers, for null-free fixed-width columns (integers, floats, temporals): rows
+  are gathered with ``np.take`` straight into the send buffer and received straight into the
+  result column, zero-copy from there on;
 - otherwise an Arrow IPC stream per destination (Arrow's wire format: strings, booleans, nulls,
   anything), read back zero-copy from the receive buffer.
-Rows a rank keeps stay in memory. mpi4py >= 4 switches to MPI-4 large-count calls when a count
-exceeds 2**31 - 1, so a rank may exchange more than 2 GiB with a peer (MPICH >= 4.0).
+mpi4py >= 4 switches to MPI-4 large-count calls when a count exceeds 2**31 - 1, so a rank may
+exchange more than 2 GiB with a peer (MPICH >= 4.0).
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 from mpi4py import MPI
+
+from hetflow.frame._arrays import _single, arrow_of, from_values, plain_values, take_into
 
 _INT_MAX = 2**31 - 1
 
@@ -50,128 +53,141 @@ def _check_large_counts(counts: np.ndarray) -> None:
 
 
 _RAW, _IPC = 0, 1
-_ALIGN = 64
 
 
-def _raw_widths(schema: pa.Schema):
-    """Byte width of each column when every column is a fixed-width primitive (not bit-packed
-    booleans), else None: such rows, when null-free, travel as plain column buffers."""
-    widths = []
-    for field in schema:
-        t = field.type
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or
-                (pa.types.is_temporal(t) and not pa.types.is_interval(t))):
-            return None
-        widths.append(t.bit_width // 8)
-    return widths if widths else None
+class RowExchange:
+    """One all-to-all routing of a partition's rows: rows ``order[offsets[d]:offsets[d+1]]`` go
+    to rank d (collective to build: the row counts are exchanged here).
 
+    Columns then move one at a time with :meth:`column`, so an operation can exchange its key
+    columns, plan its work on them, and fetch each payload column only when it consumes it:
+    at most one column's send and receive buffers exist at once, which keeps a rank's peak
+    memory near its input plus its output. Null-free fixed-width columns travel as plain value
+    buffers received straight into the result (no intermediate copy); others as an Arrow IPC
+    stream per destination (strings, booleans, nulls, anything). Received rows are ordered by
+    source rank, each source's rows in the order sent. Every rank must call :meth:`column` for
+    the same columns in the same order.
+    """
 
-def _padded(nbytes: int) -> int:
-    return -(-nbytes // _ALIGN) * _ALIGN
+    def __init__(self, comm, order: np.ndarray, offsets: Sequence[int]):
+        self.comm = comm
+        self.size, self.rank = comm.Get_size(), comm.Get_rank()
+        self.order = order
+        self.offsets = [int(o) for o in offsets]
+        send_rows = np.diff(np.asarray(self.offsets, np.int64))
+        if self.size > 1:
+            self.recv_rows = np.zeros(self.size, np.int64)
+            comm.Alltoall(send_rows, self.recv_rows)
+        else:
+            self.recv_rows = send_rows
+        self.num_rows = int(self.recv_rows.sum())
 
+    def release(self) -> None:
+        """Drop the routing (the row order) once the last column has been fetched."""
+        self.order = None
 
-def _raw_block_size(rows: int, widths) -> int:
-    return sum(_padded(rows * w) for w in widths)
+    def _rows(self, d: int) -> np.ndarray:
+        return self.order[self.offsets[d]:self.offsets[d + 1]]
 
+    def column(self, col) -> pa.Array:
+        """Exchange one column of the partition the routing was built for (collective)."""
+        arr = _single(col)
+        if self.size == 1:
+            idx = self._rows(0)
+            if len(idx) == len(arr) and _is_identity(idx):
+                return arr
+            return arr.take(arrow_of(idx))
+        size, rank = self.size, self.rank
+        values = plain_values(arr)
+        meta = np.zeros((size, 2), np.int64)  # per destination: bytes, format
+        if values is not None:
+            w = values.dtype.itemsize
+            meta[:, 1] = _RAW
+            for d in range(size):
+                if d != rank:
+                    meta[d, 0] = (self.offsets[d + 1] - self.offsets[d]) * w
+            send = np.empty(int(meta[:, 0].sum()) // w, values.dtype)
+            pos = 0
+            for d in range(size):
+                if d != rank and meta[d, 0]:
+                    idx = self._rows(d)
+                    take_into(values, idx, send[pos:pos + len(idx)])
+                    pos += len(idx)
+        else:
+            meta[:, 1] = _IPC
+            one = pa.schema([pa.field("c", arr.type)])
+            sink = pa.BufferOutputStream()
+            for d in range(size):
+                idx = self._rows(d)
+                if d == rank or not len(idx):
+                    continue
+                start = sink.tell()
+                _write_stream(sink, one, pa.Table.from_arrays([arr.take(arrow_of(idx))], schema=one))
+                meta[d, 0] = sink.tell() - start
+            buf = sink.getvalue()
+            del sink
+            send = np.frombuffer(buf, np.uint8) if buf.size else np.empty(0, np.uint8)
+        recv_meta = np.zeros((size, 2), np.int64)
+        self.comm.Alltoall(meta, recv_meta)
+        send_bytes = send.view(np.uint8) if send.size else np.empty(0, np.uint8)
+        if (recv_meta[:, 1] == _RAW).all() and values is not None:
+            return self._receive_plain(arr.type, values, send_bytes, meta, recv_meta)
+        return self._receive_mixed(arr, values, send_bytes, meta, recv_meta)
 
-def _column_numpy(col: pa.ChunkedArray, width: int) -> np.ndarray:
-    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    buf = arr.buffers()[1]
-    dtype = np.dtype(f"u{width}")
-    return np.frombuffer(buf, dtype, count=len(arr), offset=arr.offset * width)
+    def _receive_plain(self, t, values, send, meta, recv_meta) -> pa.Array:
+        """Every source sent plain values: receive straight into the result, own rows copied
+        into their slot, so the received column is one contiguous buffer."""
+        w = values.dtype.itemsize
+        out = np.empty(self.num_rows, values.dtype)
+        row_displs = np.zeros(self.size, np.int64)
+        np.cumsum(self.recv_rows[:-1], out=row_displs[1:])
+        recv_counts = recv_meta[:, 0].copy()
+        _check_large_counts(np.concatenate([meta[:, 0], recv_counts]))
+        send_displs = np.zeros(self.size, np.int64)
+        np.cumsum(meta[:-1, 0], out=send_displs[1:])
+        self.comm.Alltoallv([send, (meta[:, 0].copy(), send_displs), MPI.BYTE],
+                            [out.view(np.uint8), (recv_counts, row_displs * w), MPI.BYTE])
+        del send
+        own = self._rows(self.rank)
+        lo = int(row_displs[self.rank])
+        take_into(values, own, out[lo:lo + len(own)])
+        return from_values(t, out)
 
-
-def _read_raw(schema: pa.Schema, widths, block, rows: int) -> pa.Table:
-    """Zero-copy columns over one raw block (``block``: a pa.Buffer of ``rows`` rows)."""
-    arrays, offset = [], 0
-    for field, w in zip(schema, widths):
-        arrays.append(pa.Array.from_buffers(field.type, rows,
-                                            [None, block.slice(offset, rows * w)]))
-        offset += _padded(rows * w)
-    return pa.Table.from_arrays(arrays, schema=schema)
+    def _receive_mixed(self, arr, values, send, meta, recv_meta) -> pa.Array:
+        recv = _alltoallv(self.comm, send, meta[:, 0].copy(), recv_meta[:, 0].copy())
+        del send
+        recv_buf = pa.py_buffer(recv)
+        one = pa.schema([pa.field("c", arr.type)])
+        parts: List[pa.Array] = []
+        displ = 0
+        for src in range(self.size):
+            count = int(recv_meta[src, 0])
+            if src == self.rank:
+                own = self._rows(src)
+                if len(own):
+                    parts.append(arr.take(arrow_of(own)))
+            elif count:
+                block = recv_buf.slice(displ, count)
+                if recv_meta[src, 1] == _RAW:
+                    parts.append(pa.Array.from_buffers(arr.type, int(self.recv_rows[src]),
+                                                       [None, block]))
+                else:
+                    parts.extend(deserialize(block, one).column(0).chunks)
+            displ += count
+        if not parts:
+            return arr.slice(0, 0)
+        return pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
 
 
 def exchange_rows(comm, table: pa.Table, order: np.ndarray, offsets: Sequence[int]) -> pa.Table:
     """All-to-all of ``table``'s rows: rank d gets rows ``order[offsets[d]:offsets[d+1]]``.
 
     Returns the rows this rank receives, ordered by source rank, each source's rows in the
-    order sent. When every column is fixed-width without nulls, rows are gathered straight
-    into the send buffer as plain Arrow column buffers (no intermediate table, read back
-    zero-copy); otherwise each destination's rows go as an Arrow IPC stream.
+    order sent; each column is moved separately (see :class:`RowExchange`).
     """
-    size, rank = comm.Get_size(), comm.Get_rank()
-    offsets = [int(o) for o in offsets]
-    schema = table.schema
-
-    def rows_for(d: int) -> Optional[pa.Table]:
-        lo, hi = offsets[d], offsets[d + 1]
-        if hi == lo:
-            return None
-        if hi - lo == table.num_rows and _is_identity(order[lo:hi]):
-            return table  # every row goes to d, in order: no copy
-        return table.take(pa.array(order[lo:hi]))
-
-    if size == 1:
-        kept = rows_for(0)
-        return kept if kept is not None else schema.empty_table()
-    widths = _raw_widths(schema)
-    raw = widths is not None and not any(col.null_count for col in table.columns)
-    meta = np.zeros((size, 3), np.int64)  # per destination: bytes, format, rows
-    meta[:, 2] = np.diff(offsets)
-    if raw:
-        meta[:, 1] = _RAW
-        for d in range(size):
-            if d != rank:
-                meta[d, 0] = _raw_block_size(offsets[d + 1] - offsets[d], widths)
-        send = np.empty(int(meta[:, 0].sum()), np.uint8)
-        columns = [_column_numpy(table.column(i), w) for i, w in enumerate(widths)]
-        pos = 0
-        for d in range(size):
-            if d == rank or not meta[d, 0]:
-                continue
-            idx = order[offsets[d]:offsets[d + 1]]
-            for values, w in zip(columns, widths):
-                out = send[pos:pos + len(idx) * w].view(values.dtype)
-                np.take(values, idx, out=out)
-                pos += _padded(len(idx) * w)
-        del columns
-    else:
-        meta[:, 1] = _IPC
-        sink = pa.BufferOutputStream()
-        for d in range(size):
-            if d == rank:
-                continue
-            rows = rows_for(d)
-            if rows is None or rows.num_rows == 0:
-                continue
-            start = sink.tell()
-            _write_stream(sink, schema, rows)
-            del rows
-            meta[d, 0] = sink.tell() - start
-        buf = sink.getvalue()
-        del sink
-        send = np.frombuffer(buf, np.uint8) if buf.size else np.empty(0, np.uint8)
-    kept = rows_for(rank)
-    recv_meta = np.zeros((size, 3), np.int64)
-    comm.Alltoall(meta, recv_meta)
-    recv = _alltoallv(comm, send, meta[:, 0].copy(), recv_meta[:, 0].copy())
-    del send
-    recv_buf = pa.py_buffer(recv)
-    parts: List[pa.Table] = []
-    displ = 0
-    for src in range(size):
-        count = int(recv_meta[src, 0])
-        if src == rank:
-            if kept is not None and kept.num_rows:
-                parts.append(kept)
-        elif count:
-            block = recv_buf.slice(displ, count)
-            parts.append(_read_raw(schema, widths, block, int(recv_meta[src, 2]))
-                         if recv_meta[src, 1] == _RAW else deserialize(block, schema))
-        displ += count
-    if not parts:
-        return schema.empty_table()
-    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    ex = RowExchange(comm, order, offsets)
+    columns = [ex.column(c) for c in table.columns]
+    return pa.Table.from_arrays(columns, schema=table.schema)
 
 
 def _is_identity(idx: np.ndarray) -> bool:
@@ -224,4 +240,6 @@ def split_by(dest: np.ndarray, parts: int):
     np.cumsum(counts, out=offsets[1:])
     small = dest.astype(np.uint16 if parts <= 2**16 else np.int64, copy=False)
     order = np.argsort(small, kind="stable")  # radix sort for 16-bit keys: O(n)
+    if len(order) < 2**31 - 1:
+        order = order.astype(np.int32)  # half the memory of the routing, kept while columns move
     return order, offsets

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import NotSupported
+from hetflow.frame._arrays import to_numpy
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -43,18 +44,18 @@ def _int64_repr(arr: pa.Array) -> np.ndarray:
     """The array's values as int64 (nulls as 0), zero-copy where Arrow allows it."""
     t = arr.type
     if pa.types.is_boolean(t):
-        return _fill(arr, False).to_numpy(zero_copy_only=False).astype(np.int64)
+        return to_numpy(_fill(arr, False)).astype(np.int64)
     if pa.types.is_floating(t):
-        values = _fill(arr, 0).to_numpy(zero_copy_only=False).astype(np.float64)
+        values = to_numpy(_fill(arr, 0)).astype(np.float64)
         values = values + 0.0  # -0.0 == 0.0 must hash alike
         values[np.isnan(values)] = np.nan  # one canonical NaN bit pattern
         return values.view(np.int64)
     if pa.types.is_integer(t):
-        return _fill(arr, 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        return to_numpy(_fill(arr, 0)).astype(np.int64, copy=False)
     if (pa.types.is_temporal(t)) and not pa.types.is_interval(t):
         width = t.bit_width
         as_int = arr.view(pa.int64() if width == 64 else pa.int32())
-        return _fill(as_int, 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        return to_numpy(_fill(as_int, 0)).astype(np.int64, copy=False)
     raise TypeError(t)
 
 
@@ -86,7 +87,7 @@ def _column_hash_chunk(xp, arr: pa.Array):
     t = arr.type
     if pa.types.is_dictionary(t):
         dict_hash = _column_hash_chunk(np, arr.dictionary)
-        idx = _fill(arr.indices, 0).to_numpy(zero_copy_only=False)
+        idx = to_numpy(_fill(arr.indices, 0))
         out = xp.asarray(dict_hash[idx])
     elif pa.types.is_null(t):
         return xp.full(len(arr), _NULL, dtype=np.uint64)
@@ -102,7 +103,7 @@ def _column_hash_chunk(xp, arr: pa.Array):
         # hash each distinct value once, then broadcast through the dictionary indices
         encoded = pc.dictionary_encode(arr)
         dict_hash = mix(np, _binary_hash(encoded.dictionary))
-        idx = _fill(encoded.indices, 0).to_numpy(zero_copy_only=False)
+        idx = to_numpy(_fill(encoded.indices, 0))
         out = xp.asarray(dict_hash[idx])
     else:
         try:
@@ -113,7 +114,7 @@ def _column_hash_chunk(xp, arr: pa.Array):
                                "temporals") from None
         out = mix(xp, xp.asarray(rep).view(np.uint64) + _GOLDEN)
     if arr.null_count:
-        valid = xp.asarray(arr.is_valid().to_numpy(zero_copy_only=False))
+        valid = xp.asarray(to_numpy(arr.is_valid()))
         out = xp.where(valid, out, _NULL)
     return out
 

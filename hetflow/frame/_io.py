@@ -8,7 +8,7 @@ from typing import List, Sequence, Tuple, Union
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hetflow.errors import InputError
+from hetflow.errors import InputError, SchemaMismatch
 from hetflow.frame import _check
 from hetflow.frame._table import DistributedTable
 
@@ -87,23 +87,40 @@ def read_parquet(comm, paths, *, columns=None) -> DistributedTable:
     return DistributedTable(comm, table)
 
 
-def read_csv(comm, paths, **csv_options) -> DistributedTable:
-    """Read CSV files, each rank taking a contiguous share of the files (a single file is read
-    by rank 0 alone; use Parquet row groups or several files to spread one dataset).
+_UNSPLITTABLE = (".gz", ".bz2", ".zst", ".xz", ".lz4")
 
-    Column types are inferred per file; files whose inferred types differ raise
-    :class:`~hetflow.errors.SchemaMismatch` on every rank (pass ``convert_options`` to fix them).
-    The other ranks' empty partitions take the schema of the files read.
+
+def read_csv(comm, paths, **csv_options) -> DistributedTable:
+    """Read CSV files, each rank taking an equal share of their bytes: files are split at line
+    boundaries, each piece parsed with its file's header line, so one large file is spread
+    over the ranks as evenly as many small ones.
+
+    Compressed files (``.gz`` and the like) cannot be split and are shared out whole, as are
+    all files when ``read_options`` is given (it may skip rows or name the columns, and the
+    header line cannot then be found). Byte splitting assumes no newline inside a quoted field:
+    for such data pass ``split="files"``. Column types are inferred per piece and then promoted
+    to a common type across ranks (int64 with double gives double); types with no common
+    promotion raise :class:`~hetflow.errors.SchemaMismatch` on every rank (pass
+    ``convert_options`` to fix them).
     """
     import pyarrow.csv as pcsv
 
+    split = csv_options.pop("split", "bytes")
+    if split not in ("bytes", "files"):
+        raise InputError(f"read_csv: split must be 'bytes' or 'files', got {split!r}")
     rank, size = comm.Get_rank(), comm.Get_size()
     error, table = None, None
     try:
         files = _expand(paths, (".csv", ".csv.gz", ".tsv"))
-        lo, hi = (rank * len(files)) // size, ((rank + 1) * len(files)) // size
-        parts = [pcsv.read_csv(f, **csv_options) for f in files[lo:hi]]
-        table = pa.concat_tables(parts) if parts else None
+        by_bytes = (split == "bytes" and "read_options" not in csv_options
+                    and not any(f.endswith(_UNSPLITTABLE) for f in files))
+        if by_bytes:
+            sources = [pa.BufferReader(piece) for piece in _csv_pieces(files, rank, size)]
+        else:
+            lo, hi = (rank * len(files)) // size, ((rank + 1) * len(files)) // size
+            sources = files[lo:hi]
+        parts = [pcsv.read_csv(src, **csv_options) for src in sources]
+        table = pa.concat_tables(parts, promote_options="permissive") if parts else None
         if table is not None and len(parts) > 1:
             table = table.combine_chunks()
     except pa.ArrowInvalid as exc:
@@ -112,25 +129,82 @@ def read_csv(comm, paths, **csv_options) -> DistributedTable:
         error = InputError(f"read_csv: {type(exc).__name__}: {exc}")
     except InputError as exc:
         error = exc
-    # Ranks without a file borrow the schema of the lowest rank that read one.
+    # Promote every rank's inferred types to common ones; ranks with no rows take them too.
     schemas = comm.allgather(None if table is None else table.schema.serialize().to_pybytes())
-    if table is None and error is None:
-        first = next((s for s in schemas if s is not None), None)
-        schema = pa.ipc.read_schema(pa.py_buffer(first)) if first else pa.schema([])
-        table = schema.empty_table()
-    _check.agree(comm, [table.schema if table is not None else pa.schema([])], error=error)
+    if error is None:
+        known = [pa.ipc.read_schema(pa.py_buffer(b)) for b in schemas if b is not None]
+        try:
+            common = (pa.unify_schemas(known, promote_options="permissive") if known
+                      else pa.schema([]))
+            table = common.empty_table() if table is None else table.cast(common)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            error = SchemaMismatch(f"read_csv: the pieces' inferred column types cannot be "
+                                   f"promoted to common types ({exc}); pass "
+                                   "convert_options=pyarrow.csv.ConvertOptions(column_types=...)")
+    _check.agree(comm, [table.schema if table is not None and error is None
+                        else pa.schema([])], error=error)
     return DistributedTable(comm, table)
+
+
+def _csv_pieces(files: Sequence[str], rank: int, size: int) -> List[bytes]:
+    """This rank's share of the files' data bytes (header lines excluded), cut at line ends:
+    the data of all files is one byte range split equally, and a line belongs to the rank whose
+    share holds the line's first byte. Each piece comes with its file's header line in front."""
+    spans = []  # (file, header bytes, data start, data end)
+    for f in files:
+        with open(f, "rb") as fh:
+            header = fh.readline()
+        spans.append((f, header, len(header), os.path.getsize(f)))
+    total = sum(end - start for _, _, start, end in spans)
+    lo, hi = (rank * total) // size, ((rank + 1) * total) // size
+    pieces, offset = [], 0
+    for f, header, start, end in spans:
+        a, b = max(lo - offset, 0) + start, min(hi - offset, end - start) + start
+        offset += end - start
+        if a >= b:
+            continue
+        with open(f, "rb") as fh:
+            first = start if a == start else _line_end(fh, a - 1)
+            last = end if b == end else _line_end(fh, b - 1)
+            if first < last:
+                fh.seek(first)
+                pieces.append(header + fh.read(last - first))
+    return pieces
+
+
+def _line_end(fh, pos: int) -> int:
+    """Offset just past the first newline at or after ``pos`` (the file's size if none)."""
+    fh.seek(pos)
+    consumed = pos
+    while True:
+        block = fh.read(1 << 16)
+        if not block:
+            return consumed
+        i = block.find(b"\n")
+        if i >= 0:
+            return consumed + i + 1
+        consumed += len(block)
 
 
 def to_parquet(table: DistributedTable, directory: PathLike, *, compression: str = "snappy"
                ) -> str:
     """Write each rank's partition to ``directory/part-RRRRR.parquet`` (collective); returns the
-    directory. Empty partitions are written too, so the schema survives a round trip."""
+    directory. Empty partitions are written too, so the schema survives a round trip; part
+    files left in the directory by an earlier write are removed first."""
     comm = table.comm
     directory = os.fspath(directory)
     error = None
     try:
-        os.makedirs(directory, exist_ok=True)
+        if comm.Get_rank() == 0:
+            # Part files of an earlier write with more ranks would be read back as data.
+            os.makedirs(directory, exist_ok=True)
+            for stale in glob.glob(os.path.join(glob.escape(directory), "part-*.parquet")):
+                os.remove(stale)
+    except OSError as exc:
+        error = InputError(f"to_parquet: cannot prepare {directory!r}: {type(exc).__name__}: "
+                           f"{exc}")
+    _check.agree(comm, [], error=error)  # every rank waits for the directory to be ready
+    try:
         path = os.path.join(directory, f"part-{comm.Get_rank():05d}.parquet")
         pq.write_table(table.local, path, compression=compression)
     except (OSError, pa.ArrowException) as exc:

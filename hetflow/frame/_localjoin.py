@@ -11,42 +11,56 @@ left names; row order is unspecified.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Dict, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.frame import _localsort
+from hetflow.frame._arrays import _CHUNK, _single, from_values, gather, plain_values, to_numpy
 
 ARROW_JOIN_TYPE = {"inner": "inner", "left": "left outer", "right": "right outer",
                    "outer": "full outer", "full": "full outer", "semi": "left semi",
                    "anti": "left anti"}
 
 
-def _fast_key_ok(left: pa.Table, right: pa.Table, lk, rk, how) -> bool:
+def fast_key_ok(lschema: pa.Schema, rschema: pa.Schema, lk, rk, how) -> bool:
+    """Whether the join can run on the sort-merge/direct-address kernels (given that neither
+    key column has nulls): one integer or temporal key, an equi-join that returns columns of
+    both sides, and no name clash between one side's key and the other's non-key columns."""
     if len(lk) != 1 or how not in ("inner", "left", "right", "outer", "full"):
         return False
-    t = left.schema.field(lk[0]).type
+    t = lschema.field(lk[0]).type
     if not (pa.types.is_integer(t) or (pa.types.is_temporal(t) and not pa.types.is_interval(t))):
         return False
-    if left.column(lk[0]).null_count or right.column(rk[0]).null_count:
-        return False
-    # name clashes between one side's key and the other's non-key columns: leave to Arrow
-    lnames, rnames = set(left.column_names), set(right.column_names)
+    lnames, rnames = set(lschema.names), set(rschema.names)
     return not ((rk[0] != lk[0]) and (rk[0] in lnames or lk[0] in rnames))
 
 
 def join(left: pa.Table, right: pa.Table, lk: Sequence[str], rk: Sequence[str], how: str,
          suffixes: Tuple[str, str]) -> pa.Table:
     """Local join of two tables (see the module docstring for the output's shape)."""
-    if not _fast_key_ok(left, right, lk, rk, how):
+    if (not fast_key_ok(left.schema, right.schema, lk, rk, how)
+            or left.column(lk[0]).null_count or right.column(rk[0]).null_count):
         return left.join(right, keys=list(lk), right_keys=list(rk),
                          join_type=ARROW_JOIN_TYPE[how], left_suffix=suffixes[0],
                          right_suffix=suffixes[1], coalesce_keys=True)
-    li, ri = _match(_localsort.numeric_key(left.column(lk[0])),
-                    _localsort.numeric_key(right.column(rk[0])), how)
-    return _assemble(left, right, lk[0], rk[0], li, ri, how, suffixes)
+    keys = {"left": _single(left.column(lk[0])), "right": _single(right.column(rk[0]))}
+    li, ri = match(keys["left"], keys["right"], how)
+    return assemble(left.schema, right.schema, lk[0], rk[0], li, ri, how, suffixes,
+                    left.column, right.column, keys)
+
+
+def match(left_key: pa.Array, right_key: pa.Array, how: str):
+    """Row-index pairs (left, right) of the join of two null-free integer/temporal key arrays;
+    -1 marks the missing side of an outer join's unmatched row."""
+    a, b = to_numpy(left_key), to_numpy(right_key)
+    if len(a) and len(b):
+        span = int(b.max()) - int(b.min()) + 1
+        if span <= 4 * (len(a) + len(b)) + 4096:
+            return _match_dense(a, b, how)
+    return _match_sorted(_localsort.numeric_key(a), _localsort.numeric_key(b), how)
 
 
 def _runs(sorted_keys: np.ndarray):
@@ -59,58 +73,64 @@ def _runs(sorted_keys: np.ndarray):
     return starts, lengths
 
 
-def _match(a: np.ndarray, b: np.ndarray, how: str):
-    """Row-index pairs (left, right) of the join of uint64 keys ``a`` and ``b``; -1 = no row."""
-    if len(a) and len(b):
-        span = int(b.max() - b.min()) + 1
-        if span <= 4 * (len(a) + len(b)) + 4096:
-            return _match_dense(a, b, how)
-    return _match_sorted(a, b, how)
-
-
 def _index_type(*sizes: int):
     """int32 row indices while they fit: half the memory of int64 for every index array."""
     return np.int32 if max(sizes, default=0) < 2**31 - 1 else np.int64
 
 
 def _expand(row_count: np.ndarray, row_first: np.ndarray, right_order: np.ndarray):
-    """Left row i pairs with right_order[row_first[i] : row_first[i] + row_count[i]]."""
+    """Left row i pairs with right_order[row_first[i] : row_first[i] + row_count[i]].
+
+    ``row_first`` is overwritten. Every temporary is an index array of the output's length
+    at the narrow index type, made in slices where NumPy would widen it."""
     total = int(row_count.sum(dtype=np.int64))
     it = _index_type(total, len(row_count), len(right_order))
     left_rows = np.repeat(np.arange(len(row_count), dtype=it), row_count)
-    out_start = np.cumsum(row_count, dtype=np.int64)
-    out_start -= row_count
-    shift = (row_first - out_start).astype(it)
+    out_start = np.cumsum(row_count, dtype=it)
+    out_start -= row_count.astype(it, copy=False)
+    shift = row_first.astype(it, copy=False)
+    shift -= out_start  # right position = output position + shift, within a left row's run
     del out_start
     right_pos = np.repeat(shift, row_count)
     del shift
-    right_pos += np.arange(total, dtype=it)
-    right_rows = right_order[right_pos]
+    for i in range(0, total, _CHUNK):
+        right_pos[i:i + _CHUNK] += np.arange(i, min(i + _CHUNK, total), dtype=it)
+    right_rows = gather(right_order, right_pos)
     return left_rows, right_rows
 
 
 def _match_dense(a: np.ndarray, b: np.ndarray, how: str):
     """Keys in a dense range (the common case after hashing integer ids): a direct-address
-    table over the right keys' range replaces sorting the left side and binary search."""
+    table over the right keys' range replaces sorting the left side and binary search. ``a``
+    and ``b`` are integer arrays of one dtype; only differences from the right's minimum are
+    formed, so any integer type works without a widening copy."""
     lo, hi = b.min(), b.max()
-    span = int(hi - lo) + 1
+    span = int(hi) - int(lo) + 1
     it = _index_type(span, len(a), len(b))
-    bk = (b - lo).astype(it)
+    wide = np.uint64 if b.dtype.kind == "u" else np.int64  # narrow types would overflow
+    bk = np.empty(len(b), it)
+    np.subtract(b, lo, out=bk, dtype=wide, casting="unsafe")
     bo = _localsort.radix_argsort(bk.view(np.uint32 if it is np.int32 else np.uint64)
-                                  ).astype(it)
-    counts64 = np.bincount(bk, minlength=span)
-    first = np.zeros(span, it)
-    np.cumsum(counts64[:-1], out=first[1:])
-    counts = counts64.astype(it)
-    del counts64
-    ak = a - lo  # keys below lo wrap around to huge values: outside
-    inside = ak <= np.uint64(span - 1)
-    ak = np.where(inside, ak, np.uint64(0)).astype(it)
-    row_count = counts[ak]
+                                  ).astype(it, copy=False)
+    ends = np.bincount(bk, minlength=span)
+    np.cumsum(ends, out=ends)  # ends[k]: right rows with key <= lo + k
+    ends = ends.astype(it)
+    inside = (a >= lo) & (a <= hi)
+    ak = np.empty(len(a), it)
+    np.subtract(a, lo, out=ak, dtype=wide, casting="unsafe")  # outside the range they may wrap:
+    ak[~inside] = 0                                # they are masked here
+    row_first = gather(ends, ak - 1)  # ak - 1 == -1 is clipped to 0: fixed just below
+    row_first[ak == 0] = 0
+    row_count = gather(ends, ak)
+    row_count -= row_first
     row_count[~inside] = 0
-    del counts
-    row_first = first[ak]
-    del first
+    del ends
+    if how in ("right", "outer", "full"):
+        seen = np.zeros(span, bool)
+        seen[ak[inside]] = True
+        right_lonely = np.flatnonzero(~seen[bk]).astype(it)
+        del seen
+    del ak, bk, inside
     left_rows, right_rows = _expand(row_count, row_first, bo)
     del row_first, bo
     parts_l, parts_r = [left_rows], [right_rows]
@@ -119,11 +139,8 @@ def _match_dense(a: np.ndarray, b: np.ndarray, how: str):
         parts_l.append(lonely)
         parts_r.append(np.full(len(lonely), -1, right_rows.dtype))
     if how in ("right", "outer", "full"):
-        seen = np.zeros(span, bool)
-        seen[ak[inside]] = True
-        lonely = np.flatnonzero(~seen[bk]).astype(right_rows.dtype)
-        parts_l.append(np.full(len(lonely), -1, left_rows.dtype))
-        parts_r.append(lonely)
+        parts_l.append(np.full(len(right_lonely), -1, left_rows.dtype))
+        parts_r.append(right_lonely.astype(right_rows.dtype, copy=False))
     if len(parts_l) == 1:
         return left_rows, right_rows
     return np.concatenate(parts_l), np.concatenate(parts_r)
@@ -168,29 +185,80 @@ def _match_sorted(a: np.ndarray, b: np.ndarray, how: str):
     return np.concatenate(parts_l), np.concatenate(parts_r)
 
 
-def _take(table: pa.Table, idx: np.ndarray, may_miss: bool) -> pa.Table:
-    if may_miss:
-        return table.take(pa.array(idx, mask=idx < 0))
-    return table.take(pa.array(idx))
+def take(arr, idx: np.ndarray, may_miss: bool) -> pa.Array:
+    """``arr[idx]``, null where ``idx`` is -1 when ``may_miss``: NumPy for plain values, Arrow's
+    take otherwise."""
+    arr = _single(arr)
+    values = plain_values(arr)
+    valid = (idx >= 0) if may_miss else None
+    if values is not None:
+        if valid is None:
+            return from_values(arr.type, gather(values, idx))
+        if len(values) == 0:
+            return pa.nulls(len(idx), arr.type)
+        return from_values(arr.type, gather(values, np.where(valid, idx, 0)), valid)
+    if valid is None:
+        return arr.take(from_values(pa.from_numpy_dtype(idx.dtype), idx))
+    return arr.take(from_values(pa.from_numpy_dtype(idx.dtype), np.where(valid, idx, 0), valid))
 
 
-def _assemble(left, right, lkey, rkey, li, ri, how, suffixes) -> pa.Table:
+def assemble(lschema: pa.Schema, rschema: pa.Schema, lkey: str, rkey: str, li: np.ndarray,
+             ri: np.ndarray, how: str, suffixes: Tuple[str, str],
+             fetch_left: Callable[[str], pa.Array], fetch_right: Callable[[str], pa.Array],
+             keys: Dict[str, pa.Array]) -> pa.Table:
+    """The join's output table from its row-index pairs, built one column at a time.
+
+    ``keys`` holds the two key columns (``"left"``, ``"right"``); it is emptied as they are used.
+    Every other column is asked for with ``fetch_left``/``fetch_right`` when it is gathered and
+    dropped right after, so a caller that streams columns in (a shuffle) never holds more than
+    one of them beside the output. Columns: for ``how="right"`` the left's non-key columns then
+    all of the right's (key under the right's name, Arrow's and polars' layout); otherwise all
+    of the left's (key coalesced from both sides for a full outer join), then the right's
+    non-key columns; names on both sides get ``suffixes``.
+    """
     left_misses = how in ("right", "outer", "full")
     right_misses = how in ("left", "outer", "full")
     if how == "right":
-        # Arrow's (and polars') right join: the left's non-key columns, then all of the
-        # right's, key under the right's name
-        lt = _take(left.select([c for c in left.column_names if c != lkey]), li, True)
-        rt = _take(right, ri, False)
-        clash = set(lt.column_names) & (set(right.column_names) - {rkey})
+        plan = [("L", c) for c in lschema.names if c != lkey] + [("R", c) for c in rschema.names]
+        clash = {c for s, c in plan if s == "L"} & (set(rschema.names) - {rkey})
+        keys.pop("left")
     else:
-        lt = _take(left, li, left_misses)
-        rt = _take(right.select([c for c in right.column_names if c != rkey]), ri, right_misses)
-        if how != "inner" and how != "left":  # full outer: coalesce the key
-            key_from_right = _take(right.select([rkey]), ri, right_misses).column(0)
-            i = lt.schema.get_field_index(lkey)
-            lt = lt.set_column(i, lkey, pc.coalesce(lt.column(i), key_from_right))
-        clash = set(lt.column_names) & set(rt.column_names)
-    names = [c + suffixes[0] if c in clash else c for c in lt.column_names]
-    rnames = [c + suffixes[1] if c in clash else c for c in rt.column_names]
-    return pa.Table.from_arrays(list(lt.columns) + list(rt.columns), names=names + rnames)
+        plan = [("L", c) for c in lschema.names] + [("R", c) for c in rschema.names if c != rkey]
+        clash = {c for s, c in plan if s == "L"} & {c for s, c in plan if s == "R"}
+        if how in ("inner", "left"):
+            keys.pop("right")
+    names = [c + suffixes[0 if s == "L" else 1] if c in clash else c for s, c in plan]
+    columns = [None] * len(plan)
+    is_key = lambda s, c: (s, c) in (("L", lkey), ("R", rkey))  # noqa: E731
+    # keys first: the key arrays are freed before any payload column arrives
+    for i in sorted(range(len(plan)), key=lambda i: not is_key(*plan[i])):
+        side, name = plan[i]
+        if side == "L" and name == lkey:
+            if how in ("outer", "full"):
+                col = _coalesced_key(keys.pop("left"), keys.pop("right"), li, ri)
+            else:
+                col = take(keys.pop("left"), li, left_misses)
+        elif side == "R" and name == rkey:
+            col = take(keys.pop("right"), ri, False)
+        elif side == "L":
+            col = take(fetch_left(name), li, left_misses)
+        else:
+            col = take(fetch_right(name), ri, right_misses)
+        columns[i] = col
+    return pa.Table.from_arrays(columns, names=names)
+
+
+def _coalesced_key(left_key, right_key, li: np.ndarray, ri: np.ndarray) -> pa.Array:
+    """A full outer join's key column: the left key where the row has a left side, else the
+    right key (one gather per side, no intermediate null-masked columns for plain values)."""
+    left_key, right_key = _single(left_key), _single(right_key)
+    lv, rv = plain_values(left_key), plain_values(right_key)
+    if lv is None or rv is None:
+        return pc.coalesce(take(left_key, li, True), take(right_key, ri, True))
+    has_left = li >= 0
+    if not len(lv):
+        return from_values(left_key.type, gather(rv, ri))
+    out = gather(lv, np.where(has_left, li, 0))
+    missing = np.flatnonzero(~has_left)
+    out[missing] = gather(rv, ri[missing])
+    return from_values(left_key.type, out)

@@ -7,8 +7,12 @@ paper's keys, below 2**32, need two passes), gives a stable argsort several time
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pyarrow as pa
+
+from hetflow.frame._arrays import gather, to_numpy
 
 _SIGN = np.uint64(1 << 63)
 
@@ -45,13 +49,18 @@ def numeric_key(arr, descending: bool = False) -> np.ndarray:
     return ~key if descending else key
 
 
+def key_values(column) -> np.ndarray:
+    """The values :func:`numeric_key` maps, as NumPy (zero-copy for null-free fixed-width)."""
+    return _to_numpy(column)
+
+
 def _to_numpy(arr) -> np.ndarray:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     t = arr.type
     if pa.types.is_temporal(t):
         arr = arr.view(pa.int64() if t.bit_width == 64 else pa.int32())
-    return arr.to_numpy(zero_copy_only=False)
+    return to_numpy(arr)
 
 
 def radix_argsort(key: np.ndarray) -> np.ndarray:
@@ -60,6 +69,25 @@ def radix_argsort(key: np.ndarray) -> np.ndarray:
     Temporaries are kept narrow (32-bit keys and indices where they fit): peak memory matters
     as much as speed when the table nearly fills a rank's share of the node.
     """
+    return _radix_consume([key])
+
+
+def sort_order(xp, column, descending: bool = False) -> np.ndarray:
+    """Stable sort order (host indices) of a null-free numeric column, on xp's device.
+
+    On the CPU the 64-bit sort key exists only until it is narrowed to the digits the radix
+    passes read, so the key and the passes' temporaries never coexist.
+    """
+    if xp is not np:
+        return xp.asnumpy(xp.argsort(xp.asarray(numeric_key(column, descending))))
+    box = [numeric_key(column, descending)]
+    return _radix_consume(box)
+
+
+def _radix_consume(box: list) -> np.ndarray:
+    """Radix argsort of ``box[0]``, which it takes out of the list (the caller keeps no other
+    reference when it wants the key freed as soon as it has been narrowed)."""
+    key = box.pop()
     n = len(key)
     it = np.int32 if n < 2**31 - 1 else np.int64
     if n <= 1:
@@ -75,22 +103,36 @@ def radix_argsort(key: np.ndarray) -> np.ndarray:
         shifted = np.empty(n, np.uint32)  # subtract straight into 32 bits: no 64-bit temporary
         np.subtract(key, lo, out=shifted, casting="unsafe")
     else:
-        shifted = key - lo if lo else key
+        shifted = key - lo if lo else key  # read only: aliasing the caller's key is fine
+    del key
+    if sys.byteorder == "little":
+        # digit p of every key, as a strided view: no shifted and masked temporaries
+        digits = shifted.view(np.uint16).reshape(n, shifted.itemsize // 2)
+        digit_of = lambda p: digits[:, p]  # noqa: E731
+    else:  # pragma: no cover - big-endian hosts
+        digit_of = lambda p: ((shifted >> (16 * p)) & 0xFFFF).astype(np.uint16)  # noqa: E731
     order = None
     for p in range(passes):
-        digit = ((shifted >> (16 * p)) & 0xFFFF).astype(np.uint16)
-        if order is None:
-            order = np.argsort(digit, kind="stable").astype(it)
-        else:
-            step = np.argsort(digit[order], kind="stable")
-            order = order[step]
-            del step
+        # contiguous first: np.take copies a strided source whole on every call
+        digit = np.ascontiguousarray(digit_of(p))
+        if order is not None:
+            digit = gather(digit, order)
+        if p == passes - 1:
+            del digit_of, shifted
+            digits = None
+        step = np.argsort(digit, kind="stable")  # 16-bit keys: NumPy's radix sort, O(n)
         del digit
+        order = step.astype(it) if order is None else gather(order, step)
+        del step
     return order
 
 
-def argsort(xp, key):
-    """Stable argsort of a uint64 key on xp (numpy: radix; cupy: its GPU radix sort)."""
-    if xp is np:
-        return radix_argsort(key)
-    return xp.argsort(key)  # cupy sorts with CUB's radix sort, which is stable
+def merge_order(keys: np.ndarray) -> np.ndarray:
+    """Stable gather order (``keys[order]`` is sorted) of keys made of sorted runs back to back,
+    as a sample sort receives them (one run per source rank): NumPy's stable sort of 64-bit
+    keys is timsort, which finds the runs and merges them in O(n log runs). Equal keys keep
+    their run order, then their position in the run. Indices are int32 below 2**31 rows."""
+    order = np.argsort(keys, kind="stable")
+    if len(order) < 2**31 - 1:
+        order = order.astype(np.int32)
+    return order

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from mpi4py import MPI
 
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
-from hetflow.frame import _backend, _check, _exchange, _hash, _localjoin, _localsort
+from hetflow.frame import _arrays, _backend, _check, _exchange, _hash, _localjoin, _localsort
 from hetflow.frame._table import DistributedTable
 
 log = logging.getLogger("hetflow.frame")
@@ -97,7 +97,9 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
             raise ConfigError(f"join: left_on has {len(lk)} columns but right_on has {len(rk)}")
     if not (isinstance(suffixes, (tuple, list)) and len(suffixes) == 2):
         raise ConfigError(f"join: suffixes must be a pair of strings, got {suffixes!r}")
-    _check.agree(comm, [left.local.schema, right.local.schema], what=("left", "right"))
+    key_nulls = [_null_count(left.local, lk), _null_count(right.local, rk)]
+    facts = _check.agree(comm, [left.local.schema, right.local.schema], what=("left", "right"),
+                         facts=key_nulls)
     _check.check_columns(left.local.schema, lk, "join", "left table")
     _check.check_columns(right.local.schema, rk, "join", "right table")
     for a, b in zip(lk, rk):
@@ -109,11 +111,48 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
         from hetflow.frame import _pycylon
         return _pycylon.join(left, right, lk, rk, how, suffixes)
     be = _backend.resolve(backend)
+    no_null_keys = not any(sum(f) for f in facts)
+    if no_null_keys and _localjoin.fast_key_ok(left.local.schema, right.local.schema, lk, rk, how):
+        out = _join_streamed(comm, left.local, right.local, lk[0], rk[0], how, tuple(suffixes),
+                             be)
+        return DistributedTable(comm, out, backend=be if comm.Get_size() > 1 else "cpu")
     lt = _shuffle_local(comm, _canonical_zero(left.local, lk), lk, be)
     rt = _shuffle_local(comm, _canonical_zero(right.local, rk), rk, be)
     del left, right  # the caller still holds them; we only drop our references
     out = _localjoin.join(lt, rt, lk, rk, how, tuple(suffixes))
     return DistributedTable(comm, out, backend=be if comm.Get_size() > 1 else "cpu")
+
+
+def _null_count(table: pa.Table, names: Sequence[str]) -> int:
+    """Nulls in the ``names`` columns that exist (missing ones are reported collectively later)."""
+    return sum(table.column(n).null_count for n in names if table.schema.get_field_index(n) >= 0)
+
+
+def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, how: str,
+                   suffixes, be: str) -> pa.Table:
+    """Join on one null-free integer key with late materialisation: only the key columns are
+    shuffled before the local match; each payload column is then shuffled when the output
+    gathers it and dropped right after. A rank holds its input, its output and about one
+    column in flight, instead of a shuffled copy of both tables beside the output."""
+    size = comm.Get_size()
+    xp = _backend.array_module(be)
+    routes = []
+    for table, key in ((left, lkey), (right, rkey)):
+        if size == 1:
+            order, offsets = np.arange(table.num_rows, dtype=np.int32), [0, table.num_rows]
+        else:
+            dest = _hash.partition_of(xp, table, [key], size)
+            order, offsets = _exchange.split_by(dest, size)
+            del dest
+        routes.append(_exchange.RowExchange(comm, order, offsets))
+        del order
+    left_route, right_route = routes
+    keys = {"left": left_route.column(left.column(lkey)),
+            "right": right_route.column(right.column(rkey))}
+    li, ri = _localjoin.match(keys["left"], keys["right"], how)
+    return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
+                               lambda name: left_route.column(left.column(name)),
+                               lambda name: right_route.column(right.column(name)), keys)
 
 
 def _canonical_zero(table: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -189,15 +228,60 @@ def sort(table: DistributedTable, by, ascending: Union[bool, Sequence[bool]] = T
 def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -> pa.Table:
     size, rank = comm.Get_size(), comm.Get_rank()
     xp = _backend.array_module(be)
-    key = _localsort.numeric_key(table.column(name), descending)
+    column = table.column(name)
+    order = _localsort.sort_order(xp, column, descending)
     if size == 1:
-        order = _backend.to_host(xp, _localsort.argsort(xp, xp.asarray(key)))
-        return table.take(pa.array(order))
-    order = _backend.to_host(xp, _localsort.argsort(xp, xp.asarray(key)))
+        return table.take(_arrays.arrow_of(order))
+    bounds = _sample_bounds(comm, order, _localsort.key_values(column), descending)
+    # Keys first: the received runs (one per source rank, each sorted) are merged into a
+    # gather order; then every column is fetched and gathered into place one at a time, so a
+    # column's receive buffer is freed before the next one arrives.
+    ex = _exchange.RowExchange(comm, order, bounds)
+    del order
+    key_index = table.schema.get_field_index(name)
+    received = ex.column(table.column(key_index))
+    merge = _localsort.merge_order(_merge_keys(received, descending))
+    columns: List[Optional[pa.Array]] = [None] * table.num_columns
+    fetch = [key_index] + [i for i in range(table.num_columns) if i != key_index]
+    for i in fetch:
+        if i != key_index:
+            received = ex.column(table.column(i))
+        if i == fetch[-1]:
+            ex.release()  # every column has arrived: the routing is no longer needed
+        columns[i] = _localjoin.take(received, merge, False)
+        del received
+    return pa.Table.from_arrays(columns, schema=table.schema)
+
+
+def _merge_keys(received: pa.Array, descending: bool) -> np.ndarray:
+    """Keys whose stable order is the sort order: signed integers and temporals ascending are
+    their own (a zero-copy view), anything else the order-preserving uint64 map."""
+    t = received.type
+    if not descending and (pa.types.is_signed_integer(t) or
+                           (pa.types.is_temporal(t) and not pa.types.is_interval(t))):
+        return _arrays.to_numpy(received)
+    return _localsort.numeric_key(received, descending)
+
+
+def _sample_bounds(comm, order: np.ndarray, column_values: np.ndarray,
+                   descending: bool) -> List[int]:
+    """Regular sampling of the locally sorted rows: where this rank's sorted rows split among
+    the ranks (``order[bounds[d]:bounds[d+1]]`` go to rank d).
+
+    Sort keys are computed a few rows at a time from a zero-copy view of the column (the
+    splitter search probes O(p log n) rows), so the full 64-bit key need not outlive the local
+    sort.
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+
+
+    def key_at(rows: np.ndarray) -> np.ndarray:
+        return _localsort.numeric_key(column_values[rows], descending)
+
     n = len(order)
     m = min(n, _samples_per_rank(size))
     pos = (np.arange(m, dtype=np.int64) * n) // m if m else np.zeros(0, np.int64)
-    gathered = comm.allgather((key[order[pos]], pos))
+    gathered = comm.allgather((key_at(order[pos]), pos))
     values = np.concatenate([g[0] for g in gathered]).astype(np.uint64)
     ranks = np.concatenate([np.full(len(g[1]), r, np.int64) for r, g in enumerate(gathered)])
     positions = np.concatenate([g[1] for g in gathered]).astype(np.int64)
@@ -208,7 +292,7 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
         lo, hi = 0, n
         while lo < hi:
             mid = (lo + hi) // 2
-            k = key[order[mid]]
+            k = key_at(order[mid:mid + 1])[0]
             if k < v or (side_right and k == v):
                 lo = mid + 1
             else:
@@ -232,16 +316,7 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
     else:
         bounds += [0] * (size - 1)
     bounds.append(n)
-    del key
-    parts = _exchange.exchange_rows(comm, table, order, bounds)
-    del order
-    # The received runs are each sorted: a stable merge orders them globally. NumPy's stable
-    # sort of 64-bit keys is timsort, which finds the runs and merges them in O(n log p).
-    key2 = _localsort.numeric_key(parts.column(name), descending)
-    order2 = (np.argsort(key2, kind="stable") if xp is np
-              else _backend.to_host(xp, _localsort.argsort(xp, xp.asarray(key2))))
-    del key2
-    return parts.take(pa.array(order2))
+    return bounds
 
 
 _NULL_CLASS, _NAN_CLASS = 2, 1
@@ -304,7 +379,7 @@ def _sort_general(comm, table: pa.Table, names: List[str], asc: List[bool]) -> p
         bounds.append(lo)
     bounds.append(n)
     del keys, cols
-    order_np = order.to_numpy()
+    order_np = _arrays.to_numpy(order)
     parts = _exchange.exchange_rows(comm, table, order_np, bounds)
     return parts.take(_sort_indices(parts, names, asc))
 
@@ -388,7 +463,7 @@ class GroupBy:
             else:
                 columns.append(merged.column(f"__p{i}_{f}"))
             out_names.append(out_name)
-        out = pa.table(columns, names=out_names)
+        out = pa.Table.from_arrays(columns, names=out_names)
         return DistributedTable(t.comm, out, backend=be if t.comm.Get_size() > 1 else "cpu")
 
 
@@ -418,8 +493,8 @@ def unique(table: DistributedTable, subset=None, *,
     while marker in schema.names:
         marker += "_"
     indexed = shuffled.select(names).append_column(
-        marker, pa.array(np.arange(shuffled.num_rows, dtype=np.int64)))
+        marker, _arrays.arrow_of(np.arange(shuffled.num_rows, dtype=np.int64)))
     first = indexed.group_by(names, use_threads=False).aggregate([(marker, "min")])
-    keep = np.sort(first.column(f"{marker}_min").to_numpy())
-    out = shuffled.take(pa.array(keep))
+    keep = np.sort(_arrays.to_numpy(first.column(f"{marker}_min")))
+    out = shuffled.take(_arrays.arrow_of(keep))
     return DistributedTable(table.comm, out, backend=be if table.comm.Get_size() > 1 else "cpu")

@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from hetflow.errors import ConfigError, InputError
 from hetflow.frame import _backend
+from hetflow.frame._arrays import arrow_of
 
 
 class DistributedTable:
@@ -131,4 +132,4 @@ def synthetic_partition(rank: int, size: int, rows_per_rank: int, *, unique: flo
     high = max(1, int(unique * int(rows_per_rank) * size))
     data: Dict[str, np.ndarray] = {
         name: rng.integers(0, high, int(rows_per_rank), dtype=np.int64) for name in columns}
-    return pa.table(data)
+    return pa.Table.from_arrays([arrow_of(v) for v in data.values()], names=list(data))

@@ -1,0 +1,102 @@
+"""Bridging NumPy and Arrow without copies (or pandas), and index operations in slices.
+
+pyarrow's ``pa.array(ndarray)`` and ``Array.to_numpy`` import pandas on first use (~40 MiB of
+resident memory and about a second per process), and NumPy casts int32 index arrays to intp
+(an 8-byte-per-row temporary): the engine's hot paths use these helpers instead.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+
+
+def _raw_width(t: pa.DataType) -> Optional[int]:
+    """Byte width of a fixed-width primitive type (not bit-packed booleans), else None: such a
+    column, when null-free, travels as its plain value buffer."""
+    if (pa.types.is_integer(t) or pa.types.is_floating(t) or
+            (pa.types.is_temporal(t) and not pa.types.is_interval(t))):
+        return t.bit_width // 8
+    return None
+
+
+def _single(col) -> pa.Array:
+    if isinstance(col, pa.ChunkedArray):
+        return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    return col
+
+
+def plain_values(col) -> Optional[np.ndarray]:
+    """A zero-copy NumPy view (unsigned ints of the type's width) of a null-free fixed-width
+    column, or None when the column has nulls or is not fixed-width."""
+    arr = _single(col)
+    w = _raw_width(arr.type)
+    if w is None or arr.null_count:
+        return None
+    if len(arr) == 0:
+        return np.empty(0, np.dtype(f"u{w}"))
+    return np.frombuffer(arr.buffers()[1], np.dtype(f"u{w}"), count=len(arr),
+                         offset=arr.offset * w)
+
+
+def _numpy_dtype(t: pa.DataType) -> np.dtype:
+    w = t.bit_width // 8
+    if pa.types.is_floating(t):
+        return np.dtype(f"f{w}")
+    if pa.types.is_unsigned_integer(t):
+        return np.dtype(f"u{w}")
+    return np.dtype(f"i{w}")  # signed integers, and temporals as their integer counts
+
+
+def to_numpy(col) -> np.ndarray:
+    """``to_numpy(zero_copy_only=False)`` without importing pandas where it can: null-free
+    fixed-width arrays (temporals as their integer counts) are viewed zero-copy, null-free
+    booleans unpacked; anything else goes through Arrow."""
+    arr = _single(col)
+    raw = plain_values(arr)
+    if raw is not None:
+        return raw.view(_numpy_dtype(arr.type))
+    if pa.types.is_boolean(arr.type) and not arr.null_count:
+        if len(arr) == 0:
+            return np.zeros(0, bool)
+        bits = np.frombuffer(arr.buffers()[1], np.uint8)
+        return np.unpackbits(bits, count=arr.offset + len(arr),
+                             bitorder="little")[arr.offset:].astype(bool)
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def from_values(t: pa.DataType, values: np.ndarray, valid: Optional[np.ndarray] = None) -> pa.Array:
+    """An Arrow array of type ``t`` over ``values`` (zero-copy; ``valid``: a bool mask, nulls
+    where False)."""
+    bitmap = None
+    if valid is not None and not valid.all():
+        bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(t, len(values), [bitmap, pa.py_buffer(values)])
+
+
+def arrow_of(values: np.ndarray) -> pa.Array:
+    """A zero-copy Arrow array over a 1-D NumPy numeric array (``pa.array`` of a NumPy array
+    imports pandas, ~40 MiB and a second, to check whether it was given a Series)."""
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values),
+                                 [None, pa.py_buffer(values)])
+
+
+_CHUNK = 1 << 18
+
+
+def gather(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``values[idx]`` in slices: NumPy casts an index array to intp, so a whole int32 index
+    of n rows would cost an 8n-byte temporary."""
+    out = np.empty(len(idx), values.dtype)
+    take_into(values, idx, out)
+    return out
+
+
+def take_into(values: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] = values[idx]``, in slices (see :func:`gather`); indices must be in range
+    (out-of-range ones are clipped, negative ones read element 0)."""
+    for i in range(0, len(idx), _CHUNK):
+        # mode="clip": with the default "raise", NumPy buffers ``out`` (a copy per call)
+        np.take(values, idx[i:i + _CHUNK], out=out[i:i + _CHUNK], mode="clip")
