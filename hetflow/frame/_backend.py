@@ -5,7 +5,9 @@ The choice is made per operation from (in order) the operation's ``backend=`` ar
 imports and sees a GPU, else the CPU. pycylon is only used when asked for by name, since it brings
 its own MPI context. A result's ``backend`` attribute names the path that actually ran: nothing
 claims GPU or pycylon work that did not happen, and asking for a path that cannot run raises
-:class:`~hetflow.errors.BackendUnavailable` instead of falling back silently.
+:class:`~hetflow.errors.BackendUnavailable` instead of falling back silently. (An operation
+pycylon has no form of, such as a semi join, runs on the CPU engine with a logged warning and
+``backend == "cpu"``; see :mod:`hetflow.frame._pycylon`.)
 """
 from __future__ import annotations
 
@@ -63,6 +65,19 @@ def _pycylon_status():
     except Exception as exc:
         return None, f"pycylon is not importable ({type(exc).__name__}: {exc})"
     return pycylon, ""
+
+
+def requested_name(backend: Optional[str] = None) -> str:
+    """The backend name asked for (argument, then :func:`set_backend`, then the environment),
+    before any check that it can run; the pycylon adapter routes on it."""
+    return _check_name(backend or _default or os.environ.get(ENV) or "auto")
+
+
+def pycylon_module():
+    """The imported pycylon module; raises BackendUnavailable (naming the import error) if
+    pycylon cannot be imported."""
+    resolve("pycylon")
+    return _pycylon_status()[0]
 
 
 def resolve(requested: Optional[str] = None) -> str:

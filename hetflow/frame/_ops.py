@@ -52,8 +52,10 @@ def shuffle(table: DistributedTable, on, *, backend: Optional[str] = None) -> Di
     names = _check.key_names(on, "shuffle")
     _check.agree(table.comm, [table.local.schema])
     _check.check_columns(table.local.schema, names, "shuffle")
+    if _backend.requested_name(backend) == "pycylon":
+        from hetflow.frame import _pycylon
+        return _pycylon.shuffle(table, names)
     be = _backend.resolve(backend)
-    be = "cpu" if be == "pycylon" else be
     out = _shuffle_local(table.comm, table.local, names, be)
     return DistributedTable(table.comm, out, backend=be if table.comm.Get_size() > 1 else "cpu")
 
@@ -105,10 +107,10 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
         if ta != tb:
             raise SchemaMismatch(f"join: key types differ: left {a!r} is {ta} but right {b!r} is "
                                  f"{tb}; cast one side so both keys have the same type")
-    be = _backend.resolve(backend)
-    if be == "pycylon":
+    if _backend.requested_name(backend) == "pycylon":
         from hetflow.frame import _pycylon
         return _pycylon.join(left, right, lk, rk, how, suffixes)
+    be = _backend.resolve(backend)
     no_null_keys = not any(sum(f) for f in facts)
     if no_null_keys and _localjoin.fast_key_ok(left.local.schema, right.local.schema, lk, rk, how):
         out = _join_streamed(comm, left.local, right.local, lk[0], rk[0], how, tuple(suffixes),
@@ -209,8 +211,10 @@ def sort(table: DistributedTable, by, ascending: Union[bool, Sequence[bool]] = T
         t = schema.field(n).type
         if pa.types.is_nested(t) or pa.types.is_null(t):
             raise InputError(f"sort: cannot sort by column {n!r} of type {t}")
+    if _backend.requested_name(backend) == "pycylon":
+        from hetflow.frame import _pycylon
+        return _pycylon.sort(table, names, asc)
     be = _backend.resolve(backend)
-    be = "cpu" if be == "pycylon" else be
     any_nulls = any(sum(f[i] for f in facts) for i in range(len(names)))
     fast = len(names) == 1 and _is_numeric(schema.field(names[0]).type) and not any_nulls
     if fast:
@@ -429,8 +433,10 @@ class GroupBy:
         _check.agree(t.comm, [schema])
         _check.check_columns(schema, self.by, "groupby")
         _check.check_columns(schema, [c for c, _, _ in plan], "groupby.agg")
+        if _backend.requested_name(backend) == "pycylon":
+            from hetflow.frame import _pycylon
+            return _pycylon.groupby_agg(t, self.by, plan)
         be = _backend.resolve(backend)
-        be = "cpu" if be == "pycylon" else be
         # Pre-aggregate locally (sum/count/min/max partials; mean as sum and count) so only
         # one row per group and rank crosses the network.
         partial_aggs, partial_names = [], []
@@ -478,8 +484,10 @@ def unique(table: DistributedTable, subset=None, *,
     names = list(schema.names) if subset is None else _check.key_names(subset, "unique")
     _check.agree(table.comm, [schema])
     _check.check_columns(schema, names, "unique")
+    if _backend.requested_name(backend) == "pycylon":
+        from hetflow.frame import _pycylon
+        return _pycylon.unique(table, names)
     be = _backend.resolve(backend)
-    be = "cpu" if be == "pycylon" else be
     shuffled = _shuffle_local(table.comm, table.local, names, be)
     marker = "__hetflow_row"
     while marker in schema.names:

@@ -1,14 +1,386 @@
-"""Adapter placeholder for pycylon (Cylon's own C++ engine).
+"""The engine's operations run by pycylon (Cylon's own C++ engine) on the table's communicator.
 
-pycylon is not installable from PyPI and was not available where this engine was built, so no
-adapter code could be exercised; rather than ship untested calls into it, asking for
-``backend="pycylon"`` raises :class:`~hetflow.errors.BackendUnavailable` when pycylon is missing
-(see :func:`hetflow.frame._backend.resolve`) and :class:`~hetflow.errors.NotSupported` here when
-it is present.
+Asked for with ``backend="pycylon"`` (argument, :func:`~hetflow.frame.set_backend` or
+``$HETFLOW_FRAME_BACKEND``). Each operation goes one of three ways, decided from facts every rank
+agrees on, so all ranks take the same way and none is left in a collective:
+
+* pycylon runs it, and the result's ``backend`` is ``"pycylon"``: join (inner, left, right,
+  outer), sort, group-by-aggregate (sum, count, min, max, mean) and unique over all columns.
+  Each rank's partition goes into a ``pycylon.DataFrame``; the distributed call gets a
+  ``CylonEnv`` built on a private duplicate of the table's communicator; the answer comes back
+  with ``to_arrow()`` and is reshaped to exactly the CPU engine's columns, names and types.
+* pycylon has no such operation (semi/anti join; a shuffle co-partitioned with the CPU
+  engine's): the CPU engine runs it, the result's ``backend`` is ``"cpu"``, and a warning on the
+  ``hetflow.frame`` logger says so. This does not need pycylon to be installed.
+* pycylon has the operation but its semantics differ from the CPU engine's in a way the adapter
+  cannot convert (NaN keys, null sort keys, null aggregated values, unique over a subset):
+  :class:`~hetflow.errors.NotSupported` names the difference.
+
+Only then is pycylon imported: if it is missing, :class:`~hetflow.errors.BackendUnavailable`
+carries the import error. The pycylon facts relied on (cylondata/cylon at 03e0338):
+``MPIConfig(comm)`` wraps an mpi4py communicator (python/pycylon/pycylon/net/mpi_config.pyx) and
+Cylon never finalizes an MPI it did not initialize (cpp/src/cylon/net/mpi/mpi_communicator.cpp,
+``MPICommunicator::Finalize``); passing ``env=`` makes ``DataFrame.merge``/``sort_values``/
+``groupby``/``drop_duplicates`` distributed (python/pycylon/pycylon/frame.py); join output is all
+left columns then all right columns, prefixes applied only to colliding names
+(cpp/src/cylon/join/join_utils.cpp, ``build_final_table_schema``); Cylon's row comparator treats
+two nulls as equal and compares values with ``==`` (cpp/src/cylon/arrow/arrow_comparator.cpp).
 """
-from hetflow.errors import NotSupported
+from __future__ import annotations
+
+import logging
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hetflow.errors import BackendUnavailable, HetflowError, NotSupported
+from hetflow.frame import _backend
+from hetflow.frame._table import DistributedTable
+
+log = logging.getLogger("hetflow.frame")
+
+# pycylon's join types (python/pycylon/pycylon/common/join_config.pyx, StrToJoinType)
+_JOIN_HOW = {"inner": "inner", "left": "left", "right": "right", "outer": "outer",
+             "full": "outer"}
+# pycylon's aggregation names (python/pycylon/pycylon/data/aggregates.pyx, AggregationOpString)
+_AGG = {"sum": "sum", "count": "cnt", "min": "min", "max": "max", "mean": "mean"}
 
 
-def join(left, right, left_keys, right_keys, how, suffixes):
-    raise NotSupported("the pycylon adapter is not implemented: pycylon was not available to "
-                       "build and test it against; use backend='cpu' (the default engine)")
+def _ops():
+    from hetflow.frame import _ops  # imported late: _ops imports this module lazily too
+    return _ops
+
+
+# -- checks every rank agrees on ---------------------------------------------------------------
+def _cylon_key_type(t: pa.DataType) -> bool:
+    """Types Cylon's row hash/comparator handles (arrow_comparator.cpp's type switch); no bool,
+    no decimal, no nested types."""
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+            or pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_time(t))
+
+
+def _require_key_types(op: str, schema: pa.Schema, names: Sequence[str], side: str = "") -> None:
+    for n in names:
+        t = schema.field(n).type
+        if not _cylon_key_type(t):
+            where = f" of the {side} table" if side else ""
+            raise NotSupported(f"{op} on pycylon: key column {n!r}{where} is {t}, a type Cylon's "
+                               f"row comparator does not handle; use backend='cpu'")
+
+
+def _counts(comm, parts: Sequence[Tuple[pa.Table, Sequence[str]]]) -> List[Tuple[int, int]]:
+    """(nulls, NaNs) of every named column, summed over all ranks (collective)."""
+    local = []
+    for table, names in parts:
+        for n in names:
+            col = table.column(n)
+            nan = 0
+            if pa.types.is_floating(col.type) and len(col):
+                nan = pc.sum(pc.is_nan(col)).as_py() or 0
+            local += [col.null_count, int(nan)]
+    total = comm.allreduce(np.array(local, dtype=np.int64)) if local else np.zeros(0, np.int64)
+    return [(int(total[i]), int(total[i + 1])) for i in range(0, len(total), 2)]
+
+
+def _on_cpu(op: str, why: str, run: Callable[[], DistributedTable]) -> DistributedTable:
+    log.warning("hetflow.frame: %s ran on the CPU engine, not pycylon: %s", op, why)
+    return run()
+
+
+# -- one pycylon session per operation ---------------------------------------------------------
+class _Session:
+    """A ``pycylon.CylonEnv`` on a private duplicate of ``comm`` for one operation.
+
+    The duplicate keeps Cylon's messages and the ``MPI_ERRORS_RETURN`` handler Cylon installs
+    (MPICommunicator::Make) off the caller's communicator. Closing finalizes the Cylon context
+    (Cylon leaves MPI itself initialized since it did not initialize it) and frees the duplicate.
+    """
+
+    def __init__(self, comm):
+        # Agreed over the ranks, so a rank where pycylon imports never waits in Dup for one
+        # where it does not; each rank raises its own import error, or names the failing rank.
+        mine = None
+        try:
+            self.pycylon = _backend.pycylon_module()
+        except BackendUnavailable as exc:
+            mine = str(exc)
+        failed = [(r, e) for r, e in enumerate(comm.allgather(mine)) if e]
+        if failed:
+            raise BackendUnavailable(mine or f"pycylon cannot run on rank {failed[0][0]}: "
+                                     f"{failed[0][1]}")
+        self.comm = comm
+        self.dup = comm.Dup()
+        self.env = None
+        error = None
+        try:
+            from pycylon.net import MPIConfig
+            self.env = self.pycylon.CylonEnv(config=MPIConfig(self.dup), distributed=True)
+        except Exception as exc:  # noqa: BLE001 - reported on every rank below
+            error = f"{type(exc).__name__}: {exc}"
+        try:
+            _agree_no_error(comm, error, "could not create a CylonEnv")
+        except HetflowError:
+            self.close()
+            raise
+
+    def run(self, op: str, fn: Callable[[], pa.Table]) -> pa.Table:
+        """``fn()`` on every rank; a failure on any rank raises the same error on all ranks."""
+        result, error = None, None
+        try:
+            result = fn()
+        except Exception as exc:  # noqa: BLE001 - reported on every rank below
+            error = f"{type(exc).__name__}: {exc}"
+        _agree_no_error(self.comm, error, f"{op} failed")
+        return result
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.finalize()
+            self.env = None
+        if self.dup is not None:
+            self.dup.Free()
+            self.dup = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _agree_no_error(comm, error, what: str) -> None:
+    errors = comm.allgather(error)
+    bad = [(r, e) for r, e in enumerate(errors) if e]
+    if bad:
+        detail = "; ".join(f"rank {r}: {e}" for r, e in bad[:4])
+        raise HetflowError(f"pycylon {what} ({detail})")
+
+
+def _renamed(table: pa.Table, prefix: str) -> pa.Table:
+    """Columns renamed ``<prefix>0..`` so no name collides between the sides (Cylon would then
+    prefix them) or with Cylon's aggregate names, and chunks combined (Cylon's group-by reads
+    only a column's first chunk, hash_groupby.cpp)."""
+    return table.rename_columns([f"{prefix}{i}" for i in range(table.num_columns)]) \
+        .combine_chunks()
+
+
+def _conform(columns, schema: pa.Schema) -> pa.Table:
+    """The CPU engine's names and types (Cylon may widen, e.g. a sum's result type)."""
+    cast = []
+    for col, field in zip(columns, schema):
+        cast.append(col if col.type == field.type else col.cast(field.type, safe=True))
+    return pa.Table.from_arrays(cast, schema=schema)
+
+
+# -- join --------------------------------------------------------------------------------------
+def join(left: DistributedTable, right: DistributedTable, lk: List[str], rk: List[str], how: str,
+         suffixes) -> DistributedTable:
+    """:func:`hetflow.frame.join` on pycylon (inputs already validated by the caller).
+
+    Differences converted: key columns are coalesced under the left names and colliding
+    non-key names get ``suffixes`` (pycylon keeps both key columns and applies its "suffixes" as
+    prefixes); null keys never match (Cylon matches null with null), so rows with a null key
+    are kept out of pycylon and added back as unmatched rows.
+    """
+    comm = left.comm
+    if how not in _JOIN_HOW:
+        return _on_cpu(f"{how} join", "pycylon has no semi or anti join (JoinConfig knows inner, "
+                       "left, right and outer)",
+                       lambda: _ops().join(left, right, how=how, left_on=lk, right_on=rk,
+                                           suffixes=tuple(suffixes), backend="cpu"))
+    _require_key_types("join", left.local.schema, lk, "left")
+    _require_key_types("join", right.local.schema, rk, "right")
+    counts = _counts(comm, [(left.local, lk), (right.local, rk)])
+    names = [f"left {n!r}" for n in lk] + [f"right {n!r}" for n in rk]
+    nan_keys = [n for n, (_, nans) in zip(names, counts) if nans]
+    if nan_keys:
+        raise NotSupported(f"join on pycylon: float key {', '.join(nan_keys)} holds NaN; Cylon "
+                           "compares keys with == (NaN never matches NaN) while the CPU engine's "
+                           "Arrow join matches NaN keys; use backend='cpu' or drop the NaN rows")
+    from hetflow.frame import _localjoin
+    ops = _ops()
+    # the CPU engine's exact output schema: its local kernel on empty inputs
+    schema = _localjoin.join(left.local.slice(0, 0), right.local.slice(0, 0), lk, rk, how,
+                             tuple(suffixes)).schema
+    L = ops._canonical_zero(left.local, lk)
+    R = ops._canonical_zero(right.local, rk)
+    l_null, r_null = _null_key_mask(L, lk), _null_key_mask(R, rk)
+    l_ok = L.filter(pc.invert(l_null)) if L.num_rows else L
+    r_ok = R.filter(pc.invert(r_null)) if R.num_rows else R
+    li = [L.schema.get_field_index(n) for n in lk]
+    ri = [R.schema.get_field_index(n) for n in rk]
+    r_rest = [j for j in range(R.num_columns) if j not in ri]
+
+    with _Session(comm) as s:
+        def work() -> pa.Table:
+            ldf = s.pycylon.DataFrame(_renamed(l_ok, "l"))
+            rdf = s.pycylon.DataFrame(_renamed(r_ok, "r"))
+            out = ldf.merge(rdf, how=_JOIN_HOW[how], algorithm="hash",
+                            left_on=[f"l{i}" for i in li], right_on=[f"r{j}" for j in ri],
+                            suffixes=("", ""), env=s.env)
+            return out.to_arrow()
+        got = s.run("join", work)
+
+    if got.column_names != ([f"l{i}" for i in range(L.num_columns)]
+                            + [f"r{j}" for j in range(R.num_columns)]):
+        raise HetflowError(f"pycylon join returned columns {got.column_names}, not the left "
+                           f"then right columns this adapter expects; not using its result")
+    cols = [got.column(i) for i in range(L.num_columns)]
+    if how in ("right", "outer", "full"):
+        for i, j in zip(li, ri):  # right-only rows carry their key on the right side
+            cols[i] = pc.coalesce(cols[i], got.column(L.num_columns + j))
+    cols += [got.column(L.num_columns + j) for j in r_rest]
+    pieces = [_conform(cols, schema)]
+    if how in ("left", "outer", "full") and L.num_rows:
+        unmatched = L.filter(l_null)
+        if unmatched.num_rows:
+            pieces.append(_conform([unmatched.column(i) for i in range(L.num_columns)]
+                                   + [pa.nulls(unmatched.num_rows, R.schema.field(j).type)
+                                      for j in r_rest], schema))
+    if how in ("right", "outer", "full") and R.num_rows:
+        unmatched = R.filter(r_null)
+        if unmatched.num_rows:
+            key_of = dict(zip(li, ri))
+            lcols = [unmatched.column(key_of[i]) if i in key_of
+                     else pa.nulls(unmatched.num_rows, L.schema.field(i).type)
+                     for i in range(L.num_columns)]
+            pieces.append(_conform(lcols + [unmatched.column(j) for j in r_rest], schema))
+    out = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
+    return DistributedTable(comm, out, backend="pycylon")
+
+
+def _null_key_mask(table: pa.Table, keys: Sequence[str]) -> pa.Array:
+    """True where any key is null (such a row never matches, as in SQL and the CPU engine)."""
+    mask = pa.array(np.zeros(table.num_rows, dtype=bool))
+    for n in keys:
+        col = table.column(n)
+        if col.null_count:
+            mask = pc.or_(mask, pc.is_null(col))
+    return mask
+
+
+# -- sort --------------------------------------------------------------------------------------
+def sort(table: DistributedTable, names: List[str], asc: List[bool]) -> DistributedTable:
+    """:func:`hetflow.frame.sort` on pycylon's distributed sample sort.
+
+    Like the CPU engine, rank i's rows sort before rank i+1's. Unlike it, rows with equal keys
+    may come out in another order (Cylon's sort is not stable). Null or NaN keys are refused:
+    the CPU engine puts them last in both directions, Cylon takes one null order for the sort.
+    """
+    comm = table.comm
+    _require_key_types("sort", table.local.schema, names)
+    counts = _counts(comm, [(table.local, names)])
+    bad = [n for n, (nulls, nans) in zip(names, counts) if nulls or nans]
+    if bad:
+        raise NotSupported(f"sort on pycylon: key {', '.join(map(repr, bad))} holds nulls or "
+                           "NaN; the CPU engine sorts them last in both directions, which "
+                           "pycylon's sort does not promise; use backend='cpu'")
+    idx = [table.local.schema.get_field_index(n) for n in names]
+    with _Session(comm) as s:
+        def work() -> pa.Table:
+            df = s.pycylon.DataFrame(_renamed(table.local, "c"))
+            return df.sort_values(by=[f"c{i}" for i in idx], ascending=list(asc),
+                                  env=s.env).to_arrow()
+        got = s.run("sort", work)
+    out = _conform([got.column(i) for i in range(got.num_columns)], table.local.schema)
+    return DistributedTable(comm, out, backend="pycylon")
+
+
+# -- group-by / unique -------------------------------------------------------------------------
+def groupby_agg(table: DistributedTable, by: List[str],
+                plan: Sequence[Tuple[str, str, str]]) -> DistributedTable:
+    """``GroupBy.agg`` on pycylon's distributed hash group-by. ``plan`` holds the CPU engine's
+    (column, function, output name) triples, columns grouped together in order."""
+    comm = table.comm
+    schema = table.local.schema
+    _require_key_types("groupby", schema, by)
+    for col, f, _ in plan:
+        if col in by:
+            raise NotSupported(f"groupby.agg on pycylon: column {col!r} is also a group key, "
+                               "which Cylon's group-by does not take; use backend='cpu'")
+        t = schema.field(col).type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t)) or pa.types.is_float16(t):
+            raise NotSupported(f"groupby.agg on pycylon: column {col!r} is {t}; Cylon's "
+                               "aggregation kernels take integer and float columns only")
+    values = list(dict.fromkeys(c for c, _, _ in plan))
+    counts = _counts(comm, [(table.local, by), (table.local, values)])
+    key_counts, value_counts = counts[:len(by)], counts[len(by):]
+    bad_keys = [n for n, (nulls, nans) in zip(by, key_counts) if nulls or nans]
+    if bad_keys:
+        raise NotSupported(f"groupby on pycylon: key {', '.join(map(repr, bad_keys))} holds nulls "
+                           "or NaN; the CPU engine makes each one group, Cylon compares NaN with "
+                           "== (every NaN its own group); use backend='cpu'")
+    bad_values = [n for n, (nulls, _) in zip(values, value_counts) if nulls]
+    if bad_values:
+        raise NotSupported(f"groupby.agg on pycylon: column {', '.join(map(repr, bad_values))} "
+                           "holds nulls; Cylon's kernels give an all-null group 0 or the "
+                           "kernel's start value where the CPU engine gives null; use "
+                           "backend='cpu'")
+    ops = _ops()
+    empty = table.local.slice(0, 0)
+    types = []
+    for col, f, _ in plan:
+        if f == "mean":
+            types.append(pa.float64())
+        else:
+            types.append(ops._group(empty.select(by + [col]), by, [(col, f)])
+                         .schema.field(col).type)
+    out_schema = pa.schema([schema.field(n) for n in by]
+                           + [pa.field(name, t) for (_, _, name), t in zip(plan, types)])
+    index = {n: i for i, n in enumerate(schema.names)}
+    agg: Dict[str, List[str]] = {}
+    for col, f, _ in plan:
+        agg.setdefault(f"c{index[col]}", []).append(_AGG[f])
+    with _Session(comm) as s:
+        def work() -> pa.Table:
+            df = s.pycylon.DataFrame(_renamed(table.local, "c"))
+            return df.groupby([f"c{index[n]}" for n in by], env=s.env).agg(agg).to_arrow()
+        got = s.run("groupby", work)
+    if got.num_columns != len(by) + len(plan):
+        raise HetflowError(f"pycylon groupby returned {got.num_columns} columns, expected "
+                           f"{len(by)} keys and {len(plan)} aggregates; not using its result")
+    out = _conform([got.column(i) for i in range(got.num_columns)], out_schema)
+    return DistributedTable(comm, out, backend="pycylon")
+
+
+def unique(table: DistributedTable, names: List[str]) -> DistributedTable:
+    """:func:`hetflow.frame.unique` on pycylon's distributed unique, over all columns only.
+
+    With a subset the CPU engine keeps each key's first occurrence in rank order; Cylon keeps
+    whichever occurrence its shuffle delivers first, so a subset is refused. Over all columns
+    duplicates are identical rows and both give the same rows.
+    """
+    comm = table.comm
+    schema = table.local.schema
+    if set(names) != set(schema.names):
+        raise NotSupported("unique on pycylon: a subset of columns is not supported; the CPU "
+                           "engine keeps each key's first occurrence in rank order, pycylon an "
+                           "unspecified one; use backend='cpu' or unique over all columns")
+    _require_key_types("unique", schema, schema.names)
+    counts = _counts(comm, [(table.local, schema.names)])
+    bad = [n for n, (nulls, nans) in zip(schema.names, counts) if nulls or nans]
+    if bad:
+        raise NotSupported(f"unique on pycylon: column {', '.join(map(repr, bad))} holds nulls or "
+                           "NaN; Cylon compares NaN with == (never a duplicate) and its null "
+                           "hashing is unverified here; use backend='cpu'")
+    with _Session(comm) as s:
+        def work() -> pa.Table:
+            df = s.pycylon.DataFrame(_renamed(table.local, "c"))
+            return df.drop_duplicates(subset=[f"c{i}" for i in range(len(schema))],
+                                      env=s.env).to_arrow()
+        got = s.run("unique", work)
+    out = _conform([got.column(i) for i in range(got.num_columns)], schema)
+    return DistributedTable(comm, out, backend="pycylon")
+
+
+# -- shuffle -----------------------------------------------------------------------------------
+def shuffle(table: DistributedTable, names: List[str]) -> DistributedTable:
+    """Always the CPU engine's shuffle: pycylon's ``Table.shuffle`` places rows by Cylon's own
+    hash, so its partitions would not line up with tables the CPU engine shuffles or joins."""
+    return _on_cpu("shuffle", "pycylon's shuffle uses Cylon's own hash, so its partitions would "
+                   "not be co-partitioned with the CPU engine's",
+                   lambda: _ops().shuffle(table, names, backend="cpu"))
