@@ -22,6 +22,7 @@ and resubmits the other tasks that were running on it (they run again).
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import shutil
@@ -111,6 +112,7 @@ class RadicalExecutor(HetflowExecutor):
         self._scheduler = SlotScheduler(self.max_ranks)
         self._queued: Dict[Future, _Task] = {}
         self._running: Dict[str, _Task] = {}      # RP uid -> task
+        self._uid_counter = itertools.count()
         self._stopping = False
         self._session = None
         self._saved_env: Dict[str, Optional[str]] = {}
@@ -305,13 +307,23 @@ class RadicalExecutor(HetflowExecutor):
             self._cond.notify()
         return future
 
+    def _next_uid(self) -> str:
+        """A uid for the next RP task, so RP does not draw one itself.
+
+        RP names a task without a uid through ``ru.generate_id('task.%(item_counter)06d')``,
+        which bumps a counter file and closes that descriptor twice (radical.utils 1.103,
+        ``ids._read_file_counter``). The second close can hit a descriptor another
+        thread has just opened: one load-test run lost a submission to EBADF that way.
+        """
+        return f"hetflow.{next(self._uid_counter):06d}"
+
     def _function_description(self, payload: bytes, taskdir: str, ranks: int):
         from hetflow.executors._radical_rank import raptor_rank
         rp = import_rp()
 
         # The worker puts the task's communicator where the first argument is None.
         return rp.TaskDescription({
-            "mode": rp.TASK_FUNCTION, "ranks": ranks,
+            "uid": self._next_uid(), "mode": rp.TASK_FUNCTION, "ranks": ranks,
             "function": rp.PythonTask(raptor_rank, [None, payload, taskdir,
                                                    self.client_sys_path()], {})})
 
@@ -319,7 +331,7 @@ class RadicalExecutor(HetflowExecutor):
         rp = import_rp()
 
         return rp.TaskDescription({
-            "mode": rp.TASK_EXECUTABLE, "ranks": task.resources.ranks,
+            "uid": self._next_uid(), "mode": rp.TASK_EXECUTABLE, "ranks": task.resources.ranks,
             "cores_per_rank": task.resources.cores_per_rank,
             "executable": sys.executable,
             "arguments": ["-m", "hetflow.executors._rank", task.taskdir],
