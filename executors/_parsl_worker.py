@@ -17,16 +17,14 @@ import os
 import shlex
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from typing import List, Optional
 
-import psutil
 
 from hetflow.errors import LaunchError
 from hetflow.executors._rank import read_outcomes
-from hetflow.executors.launch import MPILaunch, kill_tree, launcher_env, tail
+from hetflow.executors.launch import MPILaunch, kill_tree, launcher_env, start_ticks, tail
 from hetflow.spec import Resources
 
 #: Written by the client to ask the worker to stop the task (a shared run dir).
@@ -101,26 +99,23 @@ def run_mpi_task(payload: bytes, resources: dict, sys_path: List[str], taskdir: 
     # outlive it: the launcher runs in its own session so it can be killed as a tree).
     with open(os.path.join(taskdir, LAUNCHER_FILE), "w") as fh:
         json.dump({"host": socket.gethostname(), "pid": proc.pid,
-                   "started": _create_time(proc.pid), "worker": os.getpid(),
-                   "worker_started": _create_time(os.getpid()),
+                   "start_ticks": start_ticks(proc.pid), "worker": os.getpid(),
                    "block_pgid": os.getpgid(0)}, fh)
     deadline = report["launched"] + res.walltime if res.walltime else None
-    while True:
-        try:
-            proc.wait(timeout=POLL_S)
-            break
-        except subprocess.TimeoutExpired:
-            launch.watch_ranks()
-        if os.path.exists(cancel_path):
-            launch.cancel()
-            proc.wait()
-            report.update(status="cancelled", returncode=proc.returncode)
-            return report
-        if deadline is not None and time.time() > deadline:
-            kill_tree(proc.pid)
-            proc.wait()
-            report.update(status="walltime", returncode=proc.returncode)
-            return report
+    try:
+        while launch.wait_step(POLL_S) is None:
+            if os.path.exists(cancel_path):
+                launch.cancel()
+                proc.wait()
+                report.update(status="cancelled", returncode=proc.returncode)
+                return report
+            if deadline is not None and time.time() > deadline:
+                kill_tree(proc.pid)
+                proc.wait()
+                report.update(status="walltime", returncode=proc.returncode)
+                return report
+    finally:
+        launch.close_watch()
     # A rank's own subprocesses may outlive the launcher: end the whole session.
     kill_tree(proc.pid)
     report.update(returncode=proc.returncode, outcomes=read_outcomes(taskdir),
@@ -130,13 +125,6 @@ def run_mpi_task(payload: bytes, resources: dict, sys_path: List[str], taskdir: 
         report["error"] = (f"the MPI launcher exited with code {proc.returncode} before any "
                            f"rank started: {tail(launch.stderr, 1000).strip()}")
     return report
-
-
-def _create_time(pid: int) -> float:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return 0.0
 
 
 def _any_rank_started(taskdir: str) -> bool:

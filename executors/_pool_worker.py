@@ -19,90 +19,14 @@ the whole world ends; the supervisor lets the pool name the signal at once.
 """
 from __future__ import annotations
 
-import json
 import os
 import pickle
-import signal
 import socket
 import sys
 import threading
 import time
 
-#: Exit code of a rank the pool stopped on purpose (walltime, cancel, stuck peer).
-KILLED_EXIT = 86
-
-
-#: Signals the supervisor passes on to the rank (a launcher's cleanup, Ctrl-C).
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-             signal.SIGUSR2)
-PR_SET_PDEATHSIG = 1
-
-
-def status_path(statedir: str, pid: int) -> str:
-    """Where the supervisor of rank process ``pid`` records how it ended."""
-    return os.path.join(statedir, f"status-{pid}.json")
-
-
-def read_status(statedir: str, pid: int):
-    """``(description, signal)`` for rank process ``pid`` if its supervisor saw it end, else None."""
-    try:
-        with open(status_path(statedir, pid)) as fh:
-            status = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    if status.get("signal"):
-        return f"was killed by signal {status['signal']}", status["signal"]
-    return f"exited with code {status.get('exitcode')}", None
-
-
-def _supervise(statedir: str) -> None:
-    """Fork; return in the child (the rank). The parent waits, records the child's end, exits alike."""
-    os.makedirs(statedir, exist_ok=True)
-    parent = os.getpid()
-    child = os.fork()
-    if child == 0:
-        try:   # die with the supervisor (a launcher may SIGKILL only its direct children)
-            import ctypes
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
-        if os.getppid() != parent:
-            os._exit(KILLED_EXIT)
-        return
-    for sig in FORWARDED:
-        signal.signal(sig, lambda signum, _frame: _forward(child, signum))
-    while True:
-        try:
-            _, status = os.waitpid(child, 0)
-            break
-        except ChildProcessError:
-            os._exit(KILLED_EXIT)
-    record = ({"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status)
-              else {"exitcode": os.waitstatus_to_exitcode(status)})
-    try:
-        tmp = status_path(statedir, child) + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(record, fh)
-        os.replace(tmp, status_path(statedir, child))
-    except OSError:
-        pass
-    if "signal" in record:   # end the way the rank ended, so the launcher reports the same
-        try:
-            import resource
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            signal.signal(record["signal"], signal.SIG_DFL)
-            os.kill(os.getpid(), record["signal"])
-        except (OSError, ValueError):
-            pass
-        os._exit(128 + record["signal"])
-    os._exit(record["exitcode"])
-
-
-def _forward(child: int, signum: int) -> None:
-    try:
-        os.kill(child, signum)
-    except ProcessLookupError:
-        pass
+from hetflow.executors._supervise import KILLED_EXIT, supervise
 
 
 def gpu_devices(local_rank: int, gpus: int, gpus_per_rank: int) -> str:
@@ -185,7 +109,7 @@ def _control_loop(ctx, address: str, identity: bytes, real_exit, heartbeat_s: fl
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     address, world_id, statedir = argv[0], int(argv[1]), argv[2]
-    _supervise(statedir)                   # from here on: the rank (the child)
+    supervise(statedir)                    # from here on: the rank (the child)
     _bind(_local_rank())
     for entry in reversed(os.environ.get("HETFLOW_POOL_SYSPATH", "").split(os.pathsep)):
         if entry and entry not in sys.path:

@@ -4,7 +4,8 @@
 executor runs on each rank: read ``TASKDIR/task.pkl``, run this rank's share on
 ``COMM_WORLD`` (the launch is the task's world), write ``TASKDIR/rank-<r>.pkl``.
 A rank whose share raised calls ``Abort`` after reporting, so no peer hangs in a
-collective it will never complete.
+collective it will never complete. Each rank runs under a supervisor (see
+:mod:`hetflow.executors._supervise`) that records how it ended.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Callable, List
 
 import cloudpickle
 
+from hetflow.executors._supervise import load_status, supervise
 from hetflow.spec import Resources
 
 
@@ -184,7 +186,7 @@ def record_deaths(taskdir: str, rank: int):
 
 
 def read_deaths(taskdir: str) -> dict:
-    """``{rank: (description, text)}`` for ranks that left death evidence."""
+    """``{rank: (description, text)}`` for ranks that left death evidence, in rank order."""
     deaths = {}
     try:
         names = os.listdir(taskdir)
@@ -201,7 +203,57 @@ def read_deaths(taskdir: str) -> dict:
                 text = fh.read()
             first = text.splitlines()[0] if text else "fatal signal"
             deaths.setdefault(int(name[6:-4]), (f"died ({first})", text))
-    return deaths
+    return dict(sorted(deaths.items()))
+
+
+def _rank_pids(taskdir: str) -> dict:
+    """``{pid: rank}`` from the ``pid-<rank>`` files ranks leave (see :func:`record_deaths`)."""
+    pids = {}
+    try:
+        names = os.listdir(taskdir)
+    except OSError:
+        return pids
+    for name in names:
+        if name.startswith("pid-"):
+            try:
+                with open(os.path.join(taskdir, name)) as fh:
+                    pids[int(fh.read().strip())] = int(name[4:])
+            except (OSError, ValueError):
+                continue
+    return pids
+
+
+def read_supervised_ends(taskdir: str) -> dict:
+    """``{rank: (description, at)}`` from the rank supervisors' records, earliest end first.
+
+    A supervisor (see :mod:`hetflow.executors._supervise`) records how its rank ended
+    before it ends itself, so before the launcher can stop any peer: the first record
+    is the rank that died first, whatever the launcher then reports.
+    """
+    ends = {}
+    for pid, rank in _rank_pids(taskdir).items():
+        status = load_status(taskdir, pid)
+        if status is None:
+            continue
+        if status.get("signal"):
+            what = f"was killed by signal {status['signal']}"
+        else:
+            what = f"exited with code {status.get('exitcode')}"
+        ends[rank] = (what, float(status.get("at", float("inf"))))
+    return dict(sorted(ends.items(), key=lambda item: (item[1][1], item[0])))
+
+
+def task_deaths(taskdir: str) -> dict:
+    """Every rank death a task dir shows, the cause first: ``{rank: (description, text)}``.
+
+    The supervisors' records give the order (earliest end first); a rank's own
+    evidence (stack dump, ``os._exit`` code) gives the best description. Ranks with
+    evidence but no record (an unsupervised rank) follow in rank order.
+    """
+    own = read_deaths(taskdir)
+    ends = read_supervised_ends(taskdir)
+    order = list(ends) + [r for r in own if r not in ends]
+    return {r: own.get(r) or (ends[r][0], "") for r in order}
 
 
 _HYDRA_BAD = re.compile(r"PID (\d+) RUNNING AT .*?\n=\s+EXIT CODE: (\d+)", re.S)
@@ -214,18 +266,7 @@ def read_launcher_deaths(taskdir: str, launcher_stderr: str) -> dict:
     Hydra reports ``PID n RUNNING AT host / EXIT CODE: c`` for the process that
     terminated badly; the ``pid-<rank>`` files map it back to a rank.
     """
-    pids = {}
-    try:
-        names = os.listdir(taskdir)
-    except OSError:
-        return {}
-    for name in names:
-        if name.startswith("pid-"):
-            try:
-                with open(os.path.join(taskdir, name)) as fh:
-                    pids[int(fh.read().strip())] = int(name[4:])
-            except (OSError, ValueError):
-                continue
+    pids = _rank_pids(taskdir)
     signal_match = _HYDRA_SIGNAL.search(launcher_stderr)
     deaths = {}
     # Only Hydra's first report: later ones are peers it stopped while cleaning up.
@@ -244,6 +285,7 @@ def read_launcher_deaths(taskdir: str, launcher_stderr: str) -> dict:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     taskdir = argv[0]
+    supervise(taskdir)                     # from here on: the rank (the supervisor's child)
     with open(os.path.join(taskdir, "meta.json")) as fh:
         meta = json.load(fh)
     bind_rank_environment(Resources(**meta["resources"]), local_rank())

@@ -107,7 +107,8 @@ def collect(outcomes: Dict[int, RankOutcome], resources: Resources, *, task_id=N
 
     A rank that raised beats a rank that vanished (ranks killed because a peer
     failed are collateral, not the cause); among vanished ranks, one that left
-    death evidence (``deaths``: see ``_rank.read_deaths``) is named as the cause.
+    death evidence (``deaths``, ordered cause first: see ``_rank.read_deaths`` and
+    ``MPILaunch.deaths``) is named as the cause.
     """
     failed = [o for o in outcomes.values() if not o.ok]
     if failed:
@@ -130,7 +131,7 @@ def collect(outcomes: Dict[int, RankOutcome], resources: Resources, *, task_id=N
                f"launcher exit code {returncode}" if returncode is not None else "no report")
         deaths = {r: d for r, d in (deaths or {}).items() if r in missing}
         if deaths:
-            rank = min(deaths)
+            rank = next(iter(deaths))    # producers order them: the cause first
             what, text = deaths[rank]
             named = re.search(r"signal (\d+)", what)
             if named and signal is None:

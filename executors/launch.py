@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from typing import List, Optional, Sequence
 import psutil
 
 from hetflow.errors import LaunchError, TaskCancelled, WalltimeExceeded
-from hetflow.executors._rank import read_deaths, read_launcher_deaths, read_outcomes
+from hetflow.executors._rank import read_launcher_deaths, read_outcomes, task_deaths
 from hetflow.spec import Resources
 
 
@@ -86,6 +87,22 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=5)
 
 
+def start_ticks(pid: int) -> Optional[int]:
+    """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22).
+
+    Identifies a process across processes, unlike ``psutil``'s ``create_time()``: that
+    adds the boot time each process read (and cached) from ``/proc/stat``, and on VMs
+    whose clock is stepped two processes' readings differ (by 20 s in one CI run),
+    which made a launcher look recycled and survive its lost worker. None if gone.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2:].split()[19])
+
+
 def tail(path: str, limit: int = 4000) -> str:
     try:
         with open(path, "rb") as fh:
@@ -100,6 +117,11 @@ def tail(path: str, limit: int = 4000) -> str:
 #: How often a running job's rank processes are checked (seconds).
 WATCH_S = 0.02
 
+#: How long the launcher gets to stop the job after a rank vanished without reporting,
+#: before hetflow stops it itself (seconds). Hydra normally takes milliseconds; under
+#: load it was once seen never to notice, leaving the peers spinning in a collective.
+LOST_GRACE_S = 5.0
+
 
 class MPILaunch:
     """One task's ``mpiexec`` job: prepare, run to completion (or walltime), collect."""
@@ -113,7 +135,10 @@ class MPILaunch:
         self.proc: Optional[subprocess.Popen] = None
         self.cancelled = False
         self.first_vanished: Optional[int] = None
+        self._vanished_at: Optional[float] = None
         self._pids: dict = {}
+        self._pidfds: dict = {}      # descriptor -> rank, while the job runs (Linux pidfds)
+        self._launcher_fd: Optional[int] = None
         os.makedirs(taskdir, exist_ok=True)
         with open(os.path.join(taskdir, "task.pkl"), "wb") as fh:
             fh.write(payload)
@@ -138,12 +163,10 @@ class MPILaunch:
         deadline = None if walltime is None else time.monotonic() + walltime
         returncode = None
         while returncode is None:
-            try:
-                returncode = self.proc.wait(timeout=WATCH_S)
-            except subprocess.TimeoutExpired:
-                self.watch_ranks()
-                if deadline is not None and time.monotonic() > deadline:
-                    break
+            returncode = self.wait_step(WATCH_S)
+            if returncode is None and deadline is not None and time.monotonic() > deadline:
+                break
+        self.close_watch()
         if returncode is None:
             kill_tree(self.proc.pid)
             self.proc.wait()
@@ -161,35 +184,116 @@ class MPILaunch:
         if self.proc is not None and self.proc.poll() is None:
             kill_tree(self.proc.pid)
 
+    def wait_step(self, timeout: float) -> Optional[int]:
+        """Wait up to ``timeout`` s for the launcher to end, watching the ranks meanwhile.
+
+        Returns the launcher's exit code, or None while it runs. Where the kernel has
+        pidfds, this blocks on the launcher's and the ranks' descriptors together, so a
+        rank's death is seen as it happens rather than at the next poll: Hydra stops
+        the peers of a SIGKILLed rank within milliseconds, and a 20-50 ms poll under
+        load sometimes found them all gone and named the wrong rank.
+        """
+        self._refresh_pids()
+        if self._launcher_fd is None and hasattr(os, "pidfd_open"):
+            try:
+                self._launcher_fd = os.pidfd_open(self.proc.pid)
+            except OSError:                # already reaped, or pidfds unsupported
+                pass
+        if self._launcher_fd is None:
+            try:
+                return self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.watch_ranks()
+                return self._stop_if_lost()
+        poller = select.poll()
+        poller.register(self._launcher_fd, select.POLLIN)
+        watching = self.first_vanished is None
+        if watching:
+            for fd in self._pidfds:
+                poller.register(fd, select.POLLIN)
+        # Until every rank's pid is known, wake at the poll interval to read pid files.
+        all_known = len(self._pids) == self.resources.ranks
+        wait_s = timeout if all_known or not watching else min(timeout, WATCH_S)
+        ready = [fd for fd, _ in poller.poll(wait_s * 1000)]
+        if watching:
+            exited = [self._pidfds[fd] for fd in ready if fd in self._pidfds]
+            if len(exited) == 1:
+                self._vanished(exited[0])
+            elif exited:                   # seen together: fall back to rank order
+                self.watch_ranks()
+        returncode = self.proc.poll()
+        if returncode is None:
+            returncode = self._stop_if_lost()
+        if returncode is not None:
+            self.close_watch()
+        return returncode
+
+    def _stop_if_lost(self) -> Optional[int]:
+        """Stop the job if a rank vanished unreported and the launcher has not, in time."""
+        if self._vanished_at is None or time.monotonic() - self._vanished_at <= LOST_GRACE_S:
+            return None
+        kill_tree(self.proc.pid)   # the task is lost already; its peers must not hang
+        return self.proc.wait()
+
+    def _refresh_pids(self) -> None:
+        if len(self._pids) >= self.resources.ranks:
+            return
+        for rank in range(self.resources.ranks):
+            if rank in self._pids:
+                continue
+            try:
+                with open(os.path.join(self.taskdir, f"pid-{rank}")) as fh:
+                    pid = int(fh.read().strip())
+            except (OSError, ValueError):
+                continue
+            self._pids[rank] = pid
+            if hasattr(os, "pidfd_open"):
+                try:
+                    self._pidfds[os.pidfd_open(pid)] = rank
+                except OSError:            # gone already: the next watch_ranks sees it
+                    pass
+
+    def _vanished(self, rank: int) -> None:
+        """``rank``'s process ended: note it if it ended without reporting."""
+        if self.first_vanished is None and \
+                not os.path.exists(os.path.join(self.taskdir, f"rank-{rank}.pkl")):
+            self.first_vanished = rank
+            self._vanished_at = time.monotonic()
+
+    def close_watch(self) -> None:
+        """Close the pidfds (idempotent)."""
+        for fd in list(self._pidfds) + ([self._launcher_fd] if self._launcher_fd else []):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._pidfds.clear()
+        self._launcher_fd = None
+
     def watch_ranks(self) -> None:
         """Note the first rank whose process vanished without reporting.
 
         A SIGKILLed rank leaves no evidence of its own, and Hydra then stops its peers
         and reports whichever it saw first; watching the pids while the job runs tells
-        the victim from the ranks stopped with it.
+        the victim from the ranks stopped with it. This is the polling fallback of
+        :meth:`wait_step` (ranks found gone together are taken in rank order).
         """
         if self.first_vanished is not None:
             return
-        if len(self._pids) < self.resources.ranks:
-            for rank in range(self.resources.ranks):
-                if rank not in self._pids:
-                    try:
-                        with open(os.path.join(self.taskdir, f"pid-{rank}")) as fh:
-                            self._pids[rank] = int(fh.read().strip())
-                    except (OSError, ValueError):
-                        pass
+        self._refresh_pids()
         for rank, pid in self._pids.items():
             try:
                 alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
             except psutil.NoSuchProcess:
                 alive = False
-            if not alive and not os.path.exists(os.path.join(self.taskdir, f"rank-{rank}.pkl")):
-                self.first_vanished = rank
-                return
+            if not alive:
+                self._vanished(rank)
+                if self.first_vanished is not None:
+                    return
 
     def deaths(self) -> dict:
         """Ranks that died without reporting: their own evidence first, then the launcher's."""
-        own = read_deaths(self.taskdir)
+        own = task_deaths(self.taskdir)   # the supervisors' records order them, cause first
         if own:
             # Hydra may name a peer it killed while cleaning up; a rank's own evidence wins.
             return own

@@ -37,14 +37,13 @@ from parsl.executors.high_throughput.executor import DEFAULT_LAUNCH_CMD
 from parsl.executors.high_throughput.mpi_executor import MPIExecutor
 from parsl.launchers import SimpleLauncher
 from parsl.providers import LocalProvider
-import psutil
 
 from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, TaskCancelled, TaskLost,
                             WalltimeExceeded)
 from hetflow.executors._parsl_worker import (CANCEL_MARKER, LAUNCHER_FILE, RANK_TMPDIR,
                                              run_mpi_task)
 from hetflow.executors.base import HetflowExecutor, SlotScheduler, TaskTimes, collect
-from hetflow.executors.launch import kill_tree, timestamps
+from hetflow.executors.launch import kill_tree, start_ticks, timestamps
 from hetflow.spec import Resources
 
 
@@ -336,10 +335,10 @@ class ParslMPIExecutor(MPIExecutor):
         if info.get("host") != socket.gethostname():
             return
         try:
-            launcher = psutil.Process(int(info["pid"]))
-            if abs(launcher.create_time() - info.get("started", 0.0)) <= 1.0:
-                kill_tree(launcher.pid)
-        except (psutil.Error, KeyError, ValueError):
+            pid = int(info["pid"])
+            if start_ticks(pid) == info["start_ticks"]:
+                kill_tree(pid)
+        except (KeyError, TypeError, ValueError):
             pass
         pgid = info.get("block_pgid")
         if block_lost and pgid and pgid != os.getpgid(0):

@@ -50,7 +50,7 @@ from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, ResourcesU
 from hetflow.executors.base import HetflowExecutor, collect
 from hetflow.executors.launch import default_mpiexec, kill_tree, launcher_env, launcher_flavour, tail
 from hetflow.executors._pool_sched import PoolScheduler
-from hetflow.executors._pool_worker import read_status
+from hetflow.executors._supervise import read_status
 from hetflow.executors._rank import read_deaths
 from hetflow.resident import find_handles
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import logging
 import os
 import shutil
 import sys
@@ -39,10 +40,13 @@ import psutil
 
 from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, TaskCancelled,
                             WalltimeExceeded)
-from hetflow.executors._rank import read_deaths, read_launcher_deaths, read_outcomes
+from hetflow.executors._rank import (read_deaths, read_launcher_deaths, read_outcomes,
+                                     task_deaths)
 from hetflow.executors.base import HetflowExecutor, SlotScheduler, collect
 from hetflow.executors.launch import MPILaunch, kill_tree, tail
 from hetflow.spec import Resources
+
+logger = logging.getLogger(__name__)
 
 #: Resource label of hetflow's own config for this machine (resource_hetflow.json).
 LOCAL_RESOURCE = "hetflow.local"
@@ -398,7 +402,7 @@ class RadicalExecutor(HetflowExecutor):
             value = collect(read_outcomes(task.taskdir), task.resources, task_id=task.task_id,
                             returncode=exit_code if state != "DONE" or exit_code else None,
                             stderr_tail=(stderr or "")[-4000:], executor=self.label,
-                            deaths=read_deaths(task.taskdir))
+                            deaths=task_deaths(task.taskdir))
         except BaseException as exc:  # noqa: BLE001
             self._finish(task, error=exc)
             return
@@ -432,18 +436,21 @@ class RadicalExecutor(HetflowExecutor):
             for uid, task in running:
                 if task.error is not None:
                     continue
-                if task.deadline is not None and now > task.deadline:
-                    self._stop(task, WalltimeExceeded(
-                        f"task {task.task_id} ({self.label}) exceeded its walltime of "
-                        f"{task.resources.walltime} s and was stopped",
-                        walltime=task.resources.walltime, task_id=task.task_id))
-                elif task.path == "raptor":
-                    self._check_raptor(task, now)
+                try:
+                    if task.deadline is not None and now > task.deadline:
+                        self._stop(task, WalltimeExceeded(
+                            f"task {task.task_id} ({self.label}) exceeded its walltime of "
+                            f"{task.resources.walltime} s and was stopped",
+                            walltime=task.resources.walltime, task_id=task.task_id))
+                    elif task.path == "raptor":
+                        self._check_raptor(task, now)
+                except Exception:  # noqa: BLE001 - the watchdog serves every task; it must live
+                    logger.exception("watchdog could not check task %s (%s); checking again",
+                                     task.task_id, uid)
 
     def _check_raptor(self, task: _Task, now: float) -> None:
         pids = _pids(task.taskdir)
-        dead = [rank for rank, pid in pids.items() if not psutil.pid_exists(pid)
-                or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE]
+        dead = [rank for rank, pid in pids.items() if _gone(pid)]
         failed = any(not o.ok for o in _safe_outcomes(task.taskdir).values())
         if failed and task.failed_seen is None:
             task.failed_seen = now
@@ -611,7 +618,6 @@ def release_client_handles(base: str, before: set) -> None:
     is closed: zmq objects that did not exist before it started, files under ``base``.
     """
     import gc
-    import logging
 
     import zmq
 
@@ -629,13 +635,13 @@ def release_client_handles(base: str, before: set) -> None:
             if isinstance(value, zmq.Context) and value is not shared and not value.closed:
                 value.destroy(linger=0)
     prefix = base + os.sep
-    loggers = [logging.getLogger()] + [logger for logger in
+    loggers = [logging.getLogger()] + [each for each in
                                        logging.Logger.manager.loggerDict.values()
-                                       if isinstance(logger, logging.Logger)]
-    for logger in loggers:
-        for handler in list(logger.handlers):
+                                       if isinstance(each, logging.Logger)]
+    for each in loggers:
+        for handler in list(each.handlers):
             if getattr(handler, "baseFilename", "").startswith(prefix):
-                logger.removeHandler(handler)
+                each.removeHandler(handler)
                 handler.close()
     try:
         from radical.utils import profile
@@ -662,6 +668,14 @@ def release_client_handles(base: str, before: set) -> None:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (no such process, or a zombie not yet reaped)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _noop():
@@ -698,7 +712,7 @@ def rank_exit_statuses(status_dir: str, pids: Dict[int, int]) -> dict:
             continue
         deaths[rank] = (f"was killed by signal {code - 128}" if code > 128
                         else f"exited with code {code}", "")
-    return deaths
+    return dict(sorted(deaths.items()))
 
 
 def _safe_outcomes(taskdir: str) -> dict:

@@ -8,8 +8,6 @@ import sys
 
 def _join_sort(comm, rows_per_rank):
     """The Cylon pipeline on one communicator: generate, join, sort, check against pyarrow."""
-    import pyarrow as pa
-
     from hetflow import frame
 
     left = frame.generate(comm, rows_per_rank, seed=1)

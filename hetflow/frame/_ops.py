@@ -226,7 +226,7 @@ def sort(table: DistributedTable, by, ascending: Union[bool, Sequence[bool]] = T
 
 
 def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -> pa.Table:
-    size, rank = comm.Get_size(), comm.Get_rank()
+    size = comm.Get_size()
     xp = _backend.array_module(be)
     column = table.column(name)
     order = _localsort.sort_order(xp, column, descending)

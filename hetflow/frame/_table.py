@@ -1,7 +1,7 @@
 """The distributed table: one ``pyarrow.Table`` partition per rank of a communicator."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
