@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 #: Prefix of the environment variable that marks a runtime's processes.
 ENV_PREFIX = "HETFLOW_RUNTIME_"
@@ -80,9 +80,9 @@ def _start_time(pid: int) -> Optional[int]:
         return None
 
 
-def descendants(root: int, since: int = 0) -> Dict[int, int]:
+def descendants(root: int, since: Tuple[int, int] = (0, 0)) -> Dict[int, int]:
     """Pid -> start time of every live descendant of ``root`` (from /proc's children
-    lists), leaving out subtrees whose top started no later than ``since`` (clock ticks)."""
+    lists), leaving out subtrees whose top did not start after ``since`` (see :func:`_after`)."""
     found: Dict[int, int] = {}
     stack = [root]
     while stack:
@@ -99,13 +99,20 @@ def descendants(root: int, since: int = 0) -> Dict[int, int]:
                 continue
             for child in children:
                 started = _start_time(child)
-                if started is not None and started > since and child not in found:
+                if started is not None and _after(started, child, since) and child not in found:
                     found[child] = started
                     stack.append(child)
     return found
 
 
-def orphans(pgid: int, since: int) -> List[int]:
+def _after(started: int, pid: int, since: Tuple[int, int]) -> bool:
+    """Whether process ``pid``, started at ``started`` (clock ticks), began after the process
+    ``since`` = (its start ticks, its pid). Start times have a 10 ms grain, so within one
+    tick the higher pid is the later fork (pids are handed out in increasing order)."""
+    return (started, pid) > since
+
+
+def orphans(pgid: int, since: Tuple[int, int]) -> List[int]:
     """Processes the dead client left as orphans: re-parented to our own new parent (init
     or a subreaper), still in the client's process group, started after ``since``."""
     reaper = os.getppid()
@@ -116,7 +123,8 @@ def orphans(pgid: int, since: int) -> List[int]:
         try:
             with open(f"/proc/{entry}/stat", "rb") as fh:
                 fields = fh.read().rsplit(b")", 1)[1].split()
-            if int(fields[1]) == reaper and int(fields[2]) == pgid and int(fields[19]) > since:
+            if int(fields[1]) == reaper and int(fields[2]) == pgid and \
+                    _after(int(fields[19]), int(entry), since):
                 found.append(int(entry))
         except (OSError, IndexError, ValueError):
             continue
@@ -216,7 +224,7 @@ class Guardian:
             self._proc.stdin.close()
 
 
-def _watch_client(pipe_fd: int, tracked: Dict[int, int], born: int) -> bool:
+def _watch_client(pipe_fd: int, tracked: Dict[int, int], born: Tuple[int, int]) -> bool:
     """Block until the client stops us (False) or dies (True).
 
     Meanwhile every ``_TRACK_S`` record the client's descendants in ``tracked``: a
@@ -260,7 +268,7 @@ def main(argv: List[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)   # a terminal's Ctrl-C is the client's business
     tracked: Dict[int, int] = {}
     # The client's older processes (started before its runtime) are none of our business.
-    born = _start_time(os.getpid()) or 0
+    born = (_start_time(os.getpid()) or 0, os.getpid())
     client = os.getppid()
     try:
         group = (os.getpgid(client), born)
