@@ -24,7 +24,8 @@ from typing import List, Optional
 
 from hetflow.errors import LaunchError
 from hetflow.executors._rank import read_outcomes
-from hetflow.executors.launch import MPILaunch, kill_tree, launcher_env, start_ticks, tail
+from hetflow._guardian import start_ticks
+from hetflow.executors.launch import MPILaunch, kill_tree, launcher_env, tail
 from hetflow.spec import Resources
 
 #: Written by the client to ask the worker to stop the task (a shared run dir).

@@ -22,7 +22,7 @@ from typing import Callable, List
 
 import cloudpickle
 
-from hetflow.executors._supervise import load_status, supervise
+from hetflow.executors._supervise import describe, load_status, supervise
 from hetflow.spec import Resources
 
 
@@ -206,8 +206,8 @@ def read_deaths(taskdir: str) -> dict:
     return dict(sorted(deaths.items()))
 
 
-def _rank_pids(taskdir: str) -> dict:
-    """``{pid: rank}`` from the ``pid-<rank>`` files ranks leave (see :func:`record_deaths`)."""
+def read_rank_pids(taskdir: str) -> dict:
+    """``{rank: pid}`` from the ``pid-<rank>`` files ranks leave (see :func:`record_deaths`)."""
     pids = {}
     try:
         names = os.listdir(taskdir)
@@ -217,7 +217,7 @@ def _rank_pids(taskdir: str) -> dict:
         if name.startswith("pid-"):
             try:
                 with open(os.path.join(taskdir, name)) as fh:
-                    pids[int(fh.read().strip())] = int(name[4:])
+                    pids[int(name[4:])] = int(fh.read().strip())
             except (OSError, ValueError):
                 continue
     return pids
@@ -231,15 +231,10 @@ def read_supervised_ends(taskdir: str) -> dict:
     is the rank that died first, whatever the launcher then reports.
     """
     ends = {}
-    for pid, rank in _rank_pids(taskdir).items():
+    for rank, pid in read_rank_pids(taskdir).items():
         status = load_status(taskdir, pid)
-        if status is None:
-            continue
-        if status.get("signal"):
-            what = f"was killed by signal {status['signal']}"
-        else:
-            what = f"exited with code {status.get('exitcode')}"
-        ends[rank] = (what, float(status.get("at", float("inf"))))
+        if status is not None:
+            ends[rank] = (describe(status), float(status.get("at", float("inf"))))
     return dict(sorted(ends.items(), key=lambda item: (item[1][1], item[0])))
 
 
@@ -266,7 +261,7 @@ def read_launcher_deaths(taskdir: str, launcher_stderr: str) -> dict:
     Hydra reports ``PID n RUNNING AT host / EXIT CODE: c`` for the process that
     terminated badly; the ``pid-<rank>`` files map it back to a rank.
     """
-    pids = _rank_pids(taskdir)
+    pids = {pid: rank for rank, pid in read_rank_pids(taskdir).items()}
     signal_match = _HYDRA_SIGNAL.search(launcher_stderr)
     deaths = {}
     # Only Hydra's first report: later ones are peers it stopped while cleaning up.

@@ -40,14 +40,19 @@ def load_status(statedir: str, pid: int):
         return None
 
 
+def describe(status: dict) -> str:
+    """How a supervisor's record says its rank ended, as a phrase ("was killed by signal 9")."""
+    if status.get("signal"):
+        return f"was killed by signal {status['signal']}"
+    return f"exited with code {status.get('exitcode')}"
+
+
 def read_status(statedir: str, pid: int):
     """``(description, signal)`` for rank process ``pid`` if its supervisor saw it end, else None."""
     status = load_status(statedir, pid)
     if status is None:
         return None
-    if status.get("signal"):
-        return f"was killed by signal {status['signal']}", status["signal"]
-    return f"exited with code {status.get('exitcode')}", None
+    return describe(status), status.get("signal") or None
 
 
 def supervise(statedir: str) -> None:

@@ -87,20 +87,12 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=5)
 
 
-def start_ticks(pid: int) -> Optional[int]:
-    """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22).
-
-    Identifies a process across processes, unlike ``psutil``'s ``create_time()``: that
-    adds the boot time each process read (and cached) from ``/proc/stat``, and on VMs
-    whose clock is stepped two processes' readings differ (by 20 s in one CI run),
-    which made a launcher look recycled and survive its lost worker. None if gone.
-    """
+def ended(pid: int) -> bool:
+    """Whether process ``pid`` has exited (no such process, or a zombie not yet reaped)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(b")") + 2:].split()[19])
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def tail(path: str, limit: int = 4000) -> str:
@@ -282,11 +274,7 @@ class MPILaunch:
             return
         self._refresh_pids()
         for rank, pid in self._pids.items():
-            try:
-                alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                alive = False
-            if not alive:
+            if ended(pid):
                 self._vanished(rank)
                 if self.first_vanished is not None:
                     return

@@ -43,7 +43,8 @@ from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, TaskCancel
 from hetflow.executors._parsl_worker import (CANCEL_MARKER, LAUNCHER_FILE, RANK_TMPDIR,
                                              run_mpi_task)
 from hetflow.executors.base import HetflowExecutor, SlotScheduler, TaskTimes, collect
-from hetflow.executors.launch import kill_tree, start_ticks, timestamps
+from hetflow._guardian import start_ticks
+from hetflow.executors.launch import kill_tree, timestamps
 from hetflow.spec import Resources
 
 

@@ -43,12 +43,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-import psutil
 
 from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, ResourcesUnavailable,
                             TaskCancelled, TaskLost, WalltimeExceeded)
 from hetflow.executors.base import HetflowExecutor, collect
-from hetflow.executors.launch import default_mpiexec, kill_tree, launcher_env, launcher_flavour, tail
+from hetflow.executors.launch import (default_mpiexec, ended, kill_tree, launcher_env,
+                                      launcher_flavour, tail)
 from hetflow.executors._pool_sched import PoolScheduler
 from hetflow.executors._supervise import read_status
 from hetflow.executors._rank import read_deaths
@@ -699,11 +699,7 @@ class PoolExecutor(HetflowExecutor):
 
     def _slot_alive(self, slot: _Slot, now: float) -> bool:
         if slot.host == self._hostname and slot.pid:
-            try:
-                proc = psutil.Process(slot.pid)
-                return proc.status() != psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                return False
+            return not ended(slot.pid)
         return now - slot.last_seen < self.lost_after_s
 
     def _awaiting_evidence(self, world: _World, slot: _Slot, now: float) -> bool:
@@ -716,10 +712,7 @@ class PoolExecutor(HetflowExecutor):
             slot.dead_since = now
         if now - slot.dead_since >= EVIDENCE_GRACE_S:
             return False
-        try:
-            return psutil.Process(slot.supervisor).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
+        return not ended(slot.supervisor)
 
     def _death(self, world: Optional[_World], slot: _Slot, recorded: Optional[tuple]):
         """``(description, text)`` naming how a rank that really died ended, or None if unknown."""

@@ -41,9 +41,9 @@ import psutil
 from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, TaskCancelled,
                             WalltimeExceeded)
 from hetflow.executors._rank import (read_deaths, read_launcher_deaths, read_outcomes,
-                                     task_deaths)
+                                     read_rank_pids, task_deaths)
 from hetflow.executors.base import HetflowExecutor, SlotScheduler, collect
-from hetflow.executors.launch import MPILaunch, kill_tree, tail
+from hetflow.executors.launch import MPILaunch, ended, kill_tree, tail
 from hetflow.spec import Resources
 
 logger = logging.getLogger(__name__)
@@ -242,7 +242,7 @@ class RadicalExecutor(HetflowExecutor):
             raise LaunchError(f"RAPTOR MPI worker of {self.max_ranks} ranks did not run a task "
                               f"(state {task.state}): {task.stderr}",
                               logs=[os.path.join(self.base, "sandbox")])
-        self._worker_root = _launcher_of(_pids(taskdir))
+        self._worker_root = _launcher_of(read_rank_pids(taskdir))
         shutil.rmtree(taskdir, ignore_errors=True)
 
     def shutdown(self) -> None:
@@ -449,8 +449,8 @@ class RadicalExecutor(HetflowExecutor):
                                      task.task_id, uid)
 
     def _check_raptor(self, task: _Task, now: float) -> None:
-        pids = _pids(task.taskdir)
-        dead = [rank for rank, pid in pids.items() if _gone(pid)]
+        pids = read_rank_pids(task.taskdir)
+        dead = [rank for rank, pid in pids.items() if ended(pid)]
         failed = any(not o.ok for o in _safe_outcomes(task.taskdir).values())
         if failed and task.failed_seen is None:
             task.failed_seen = now
@@ -479,7 +479,7 @@ class RadicalExecutor(HetflowExecutor):
         """
         deadline = time.time() + wait_s
         sandbox = os.path.join(self.base, "sandbox")
-        pids = _pids(task.taskdir)
+        pids = read_rank_pids(task.taskdir)
         while True:
             found = rank_exit_statuses(self.status_dir, {r: pids[r] for r in dead if r in pids})
             if found:
@@ -521,7 +521,7 @@ class RadicalExecutor(HetflowExecutor):
             neighbours = [t for uid, t in self._running.items() if t.path == "raptor"]
             for t in neighbours:
                 self._running.pop(t.rp_task.uid, None)
-        root = _launcher_of(_pids(task.taskdir)) or self._worker_root
+        root = _launcher_of(read_rank_pids(task.taskdir)) or self._worker_root
         if root is not None:
             kill_tree(root)
         self._finish(task, value=value, error=error)
@@ -670,33 +670,8 @@ def release_client_handles(base: str, before: set) -> None:
                 pass
 
 
-def _gone(pid: int) -> bool:
-    """Whether ``pid`` has exited (no such process, or a zombie not yet reaped)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def _noop():
     return None
-
-
-def _pids(taskdir: str) -> Dict[int, int]:
-    """Rank -> pid, from the pid files RAPTOR ranks write."""
-    pids = {}
-    try:
-        names = os.listdir(taskdir)
-    except OSError:
-        return pids
-    for name in names:
-        if name.startswith("pid-"):
-            try:
-                with open(os.path.join(taskdir, name)) as fh:
-                    pids[int(name[4:])] = int(fh.read())
-            except (OSError, ValueError):
-                pass
-    return pids
 
 
 def rank_exit_statuses(status_dir: str, pids: Dict[int, int]) -> dict:

@@ -71,8 +71,11 @@ def marked_processes(token: str, exclude: tuple = ()) -> List[int]:
     return found
 
 
-def _start_time(pid: int) -> Optional[int]:
-    """Start time of ``pid`` in clock ticks (tells a live process from a recycled pid)."""
+def start_ticks(pid: int) -> Optional[int]:
+    """Start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22): tells
+    a live process from a recycled pid, and reads the same in every process, unlike
+    ``psutil``'s ``create_time()``, which adds a boot time each process cached (seen to
+    differ by 20 s between two processes on one CI VM). None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             return int(fh.read().rsplit(b")", 1)[1].split()[19])
@@ -98,7 +101,7 @@ def descendants(root: int, since: Tuple[int, int] = (0, 0)) -> Dict[int, int]:
             except (OSError, ValueError):
                 continue
             for child in children:
-                started = _start_time(child)
+                started = start_ticks(child)
                 if started is not None and _after(started, child, since) and child not in found:
                     found[child] = started
                     stack.append(child)
@@ -145,9 +148,9 @@ def sweep(token: str, tracked: Optional[Dict[int, int]] = None, group: Optional[
         # recorded, or, if forked since, as orphans of the client's process group.
         if group is not None:
             for pid in orphans(*group):
-                tracked.setdefault(pid, _start_time(pid))
+                tracked.setdefault(pid, start_ticks(pid))
         for pid, started in list(tracked.items()):
-            if _start_time(pid) != started:
+            if start_ticks(pid) != started:
                 del tracked[pid]
                 continue
             tracked.update(descendants(pid))
@@ -255,7 +258,7 @@ def _watch_client(pipe_fd: int, tracked: Dict[int, int], born: Tuple[int, int]) 
             return True
         if not ready:
             for pid, started in list(tracked.items()):
-                if _start_time(pid) != started:
+                if start_ticks(pid) != started:
                     del tracked[pid]      # ended: forget it (its pid may be reused)
             tracked.update(descendants(client, since=born))
             tracked.pop(me, None)
@@ -268,7 +271,7 @@ def main(argv: List[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)   # a terminal's Ctrl-C is the client's business
     tracked: Dict[int, int] = {}
     # The client's older processes (started before its runtime) are none of our business.
-    born = (_start_time(os.getpid()) or 0, os.getpid())
+    born = (start_ticks(os.getpid()) or 0, os.getpid())
     client = os.getppid()
     try:
         group = (os.getpgid(client), born)
