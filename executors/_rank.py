@@ -1,28 +1,28 @@
 """The rank-side runner every executor shares (imports no Parsl: ranks start fast).
 
 ``python -m hetflow.executors._rank TASKDIR`` is what one launch-per-task
-executor runs on each rank: read ``TASKDIR/task.pkl``, run this rank's share on
-``COMM_WORLD`` (the launch is the task's world), write ``TASKDIR/rank-<r>.pkl``.
+executor runs on each rank: read the payload from the task dir (its format:
+:mod:`hetflow.executors.taskdir`), run this rank's share on ``COMM_WORLD`` (the
+launch is the task's world), write this rank's outcome there.
 A rank whose share raised calls ``Abort`` after reporting, so no peer hangs in a
 collective it will never complete. Each rank runs under a supervisor (see
 :mod:`hetflow.executors._supervise`) that records how it ended.
 """
 from __future__ import annotations
 
-import json
 import os
-import re
 import pickle
 import socket
 import sys
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Callable, List
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
 
 import cloudpickle
 
-from hetflow.executors._supervise import describe, load_status, supervise
+from hetflow.executors._supervise import supervise
+from hetflow.executors.taskdir import TaskDir
 from hetflow.spec import Resources
 
 
@@ -55,6 +55,14 @@ class RankOutcome:
     traceback: str = ""
     started: float = float("nan")
     finished: float = float("nan")
+    #: The exception itself, traceback and all, where the rank ran in the client's own
+    #: process (the debug runtime); never pickled.
+    original: Optional[BaseException] = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["original"] = None
+        return state
 
     def load_value(self):
         return pickle.loads(self.value)
@@ -82,7 +90,8 @@ def bind_rank_environment(resources: Resources, local_rank: int) -> None:
             str(d) for d in range(first, first + resources.gpus_per_rank))
 
 
-def run_on_rank(payload_bytes: bytes, comm, *, sys_path: List[str] = ()) -> RankOutcome:
+def run_on_rank(payload_bytes: bytes, comm, *, sys_path: List[str] = (),
+                keep_exception: bool = False) -> RankOutcome:
     """Run one rank's share of a task on ``comm`` (the task's communicator).
 
     The app gets ``comm.Dup()``, never ``comm`` itself, so library traffic and
@@ -108,7 +117,10 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: List[str] = ()) -> Rank
             value = payload.func(*payload.args, **payload.kwargs)
         finished = time.time()
     except BaseException as exc:  # noqa: BLE001 - SystemExit on a rank is a task failure too
-        return _error_outcome(rank, exc, started, time.time())
+        outcome = _error_outcome(rank, exc, started, time.time())
+        if keep_exception:
+            outcome.original = exc
+        return outcome
     finally:
         try:
             user_comm.Free()
@@ -132,166 +144,46 @@ def local_rank() -> int:
     return 0
 
 
-def write_outcome(taskdir: str, outcome: RankOutcome) -> None:
-    """Write atomically, so a reader never sees half a report."""
-    tmp = os.path.join(taskdir, f".rank-{outcome.rank}.tmp")
-    with open(tmp, "wb") as fh:
-        pickle.dump(outcome, fh)
-    os.replace(tmp, os.path.join(taskdir, f"rank-{outcome.rank}.pkl"))
+def collect(outcomes: dict, task_id, resources: Resources, executor: str, *,
+            returncode: Optional[int] = None, stderr_tail: str = "", deaths: Optional[dict] = None):
+    """The task's value from its ranks' outcomes, or the typed error that explains why not.
 
-
-def read_outcomes(taskdir: str) -> dict:
-    """Every rank report present in ``taskdir``, by rank."""
-    outcomes = {}
-    for name in os.listdir(taskdir):
-        if name.startswith("rank-") and name.endswith(".pkl"):
-            with open(os.path.join(taskdir, name), "rb") as fh:
-                outcome = pickle.load(fh)
-            outcomes[outcome.rank] = outcome
-    return outcomes
-
-
-def record_deaths(taskdir: str, rank: int):
-    """Leave evidence if this rank dies without reporting, so the error can name it.
-
-    A fatal signal (segfault, abort) dumps the Python stack to ``fault-<rank>.txt``
-    through faulthandler; ``os._exit(n)`` writes ``exit-<rank>.json`` first.
-    Returns a function that removes the hooks again.
+    A rank that raised beats a rank that vanished (ranks stopped because a peer
+    failed are collateral); among vanished ranks, ``deaths`` (cause first, see
+    ``TaskDir.deaths``) names the cause.
     """
-    import faulthandler
+    from hetflow import errors
 
-    # The pid lets a launcher's report ("PID n ... killed") be traced back to this rank.
-    with open(os.path.join(taskdir, f"pid-{rank}"), "w") as fh:
-        fh.write(str(os.getpid()))
-    fault = open(os.path.join(taskdir, f"fault-{rank}.txt"), "w")
-    faulthandler.enable(file=fault, all_threads=False)
-    real_exit = os._exit
-
-    def _exit(code: int = 0):
+    failed = [o for o in outcomes.values() if not o.ok]
+    if failed:
+        first = min(failed, key=lambda o: (o.finished, o.rank))
         try:
-            with open(os.path.join(taskdir, f"exit-{rank}.json"), "w") as fh:
-                json.dump({"exitcode": code}, fh)
-        finally:
-            real_exit(code)
-
-    os._exit = _exit
-
-    def undo() -> None:
-        """Remove the hooks (for a process that outlives the task, e.g. a RAPTOR worker)."""
-        os._exit = real_exit
-        faulthandler.disable()
-        fault.close()
-
-    return undo
-
-
-def read_deaths(taskdir: str) -> dict:
-    """``{rank: (description, text)}`` for ranks that left death evidence, in rank order."""
-    deaths = {}
-    try:
-        names = os.listdir(taskdir)
-    except OSError:
-        return deaths
-    for name in names:
-        path = os.path.join(taskdir, name)
-        if name.startswith("exit-") and name.endswith(".json"):
-            with open(path) as fh:
-                code = json.load(fh)["exitcode"]
-            deaths[int(name[5:-5])] = (f"called os._exit({code})", "")
-        elif name.startswith("fault-") and name.endswith(".txt") and os.path.getsize(path):
-            with open(path, errors="replace") as fh:
-                text = fh.read()
-            first = text.splitlines()[0] if text else "fatal signal"
-            deaths.setdefault(int(name[6:-4]), (f"died ({first})", text))
-    return dict(sorted(deaths.items()))
-
-
-def read_rank_pids(taskdir: str) -> dict:
-    """``{rank: pid}`` from the ``pid-<rank>`` files ranks leave (see :func:`record_deaths`)."""
-    pids = {}
-    try:
-        names = os.listdir(taskdir)
-    except OSError:
-        return pids
-    for name in names:
-        if name.startswith("pid-"):
-            try:
-                with open(os.path.join(taskdir, name)) as fh:
-                    pids[int(name[4:])] = int(fh.read().strip())
-            except (OSError, ValueError):
-                continue
-    return pids
-
-
-def read_supervised_ends(taskdir: str) -> dict:
-    """``{rank: (description, at)}`` from the rank supervisors' records, earliest end first.
-
-    A supervisor (see :mod:`hetflow.executors._supervise`) records how its rank ended
-    before it ends itself, so before the launcher can stop any peer: the first record
-    is the rank that died first, whatever the launcher then reports.
-    """
-    ends = {}
-    for rank, pid in read_rank_pids(taskdir).items():
-        status = load_status(taskdir, pid)
-        if status is not None:
-            ends[rank] = (describe(status), float(status.get("at", float("inf"))))
-    return dict(sorted(ends.items(), key=lambda item: (item[1][1], item[0])))
-
-
-def task_deaths(taskdir: str) -> dict:
-    """Every rank death a task dir shows, the cause first: ``{rank: (description, text)}``.
-
-    The supervisors' records give the order (earliest end first); a rank's own
-    evidence (stack dump, ``os._exit`` code) gives the best description. Ranks with
-    evidence but no record (an unsupervised rank) follow in rank order.
-    """
-    own = read_deaths(taskdir)
-    ends = read_supervised_ends(taskdir)
-    order = list(ends) + [r for r in own if r not in ends]
-    return {r: own.get(r) or (ends[r][0], "") for r in order}
-
-
-_HYDRA_BAD = re.compile(r"PID (\d+) RUNNING AT .*?\n=\s+EXIT CODE: (\d+)", re.S)
-_HYDRA_SIGNAL = re.compile(r"EXIT STRING: .*?\(signal (\d+)\)")
-
-
-def read_launcher_deaths(taskdir: str, launcher_stderr: str) -> dict:
-    """Deaths the launcher saw but the rank could not record (SIGKILL leaves no evidence).
-
-    Hydra reports ``PID n RUNNING AT host / EXIT CODE: c`` for the process that
-    terminated badly; the ``pid-<rank>`` files map it back to a rank.
-    """
-    pids = {pid: rank for rank, pid in read_rank_pids(taskdir).items()}
-    signal_match = _HYDRA_SIGNAL.search(launcher_stderr)
-    deaths = {}
-    # Only Hydra's first report: later ones are peers it stopped while cleaning up.
-    for pid, code in _HYDRA_BAD.findall(launcher_stderr)[:1]:
-        rank = pids.get(int(pid))
-        if rank is None:
-            continue
-        if signal_match:
-            what = f"was killed by signal {signal_match.group(1)}"
-        else:
-            what = f"exited with code {code}"
-        deaths[rank] = (what, "")
-    return deaths
+            exception = first.original or (pickle.loads(first.exception) if first.exception
+                                            else None)
+        except Exception:  # noqa: BLE001 - its class may not exist here: keep the text
+            exception = None
+        raise errors.rank_raised(task_id, executor, resources.ranks, first, exception)
+    missing = [r for r in range(resources.ranks) if r not in outcomes]
+    if missing:
+        raise errors.rank_lost(task_id, executor, resources.ranks, missing, deaths, returncode,
+                               stderr_tail)
+    if resources.returns == "all":
+        return [outcomes[r].load_value() for r in range(resources.ranks)]
+    return outcomes[0].load_value()
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    taskdir = argv[0]
+    taskdir = TaskDir(argv[0])
     supervise(taskdir)                     # from here on: the rank (the supervisor's child)
-    with open(os.path.join(taskdir, "meta.json")) as fh:
-        meta = json.load(fh)
+    meta = taskdir.read_meta()
     bind_rank_environment(Resources(**meta["resources"]), local_rank())
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    record_deaths(taskdir, world.Get_rank())
-    with open(os.path.join(taskdir, "task.pkl"), "rb") as fh:
-        payload = fh.read()
-    outcome = run_on_rank(payload, world, sys_path=meta["sys_path"])
-    write_outcome(taskdir, outcome)
+    taskdir.record_deaths(world.Get_rank())
+    outcome = run_on_rank(taskdir.read_payload(), world, sys_path=meta["sys_path"])
+    taskdir.write_outcome(outcome)
     if not outcome.ok and world.Get_size() > 1:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -1,6 +1,6 @@
 """A rank's supervisor: the process a launcher starts forks at once, the child is the rank.
 
-The parent only waits for the child and writes how it ended (``status-<pid>.json``)
+The parent only waits for the child and writes how it ended (``status-<pid>.json`` in the task dir)
 before ending the same way. A rank killed by a signal (SIGKILL above all) leaves no
 evidence of its own, and its launcher cannot say reliably which rank died first:
 Hydra stops a dead rank's peers within milliseconds, and under load both its report
@@ -12,7 +12,6 @@ and leaves none.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -26,38 +25,14 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 PR_SET_PDEATHSIG = 1
 
 
-def status_path(statedir: str, pid: int) -> str:
-    """Where the supervisor of rank process ``pid`` records how it ended."""
-    return os.path.join(statedir, f"status-{pid}.json")
+def supervise(statedir) -> None:
+    """Fork; return in the child (the rank). The parent waits, records the child's end, exits alike.
 
+    ``statedir`` is the :class:`~hetflow.executors.taskdir.TaskDir` the record goes to.
+    """
+    from hetflow.executors.taskdir import private_dir
 
-def load_status(statedir: str, pid: int):
-    """The record ``{"signal": s}`` or ``{"exitcode": c}`` (with ``"at"``) for ``pid``, or None."""
-    try:
-        with open(status_path(statedir, pid)) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
-def describe(status: dict) -> str:
-    """How a supervisor's record says its rank ended, as a phrase ("was killed by signal 9")."""
-    if status.get("signal"):
-        return f"was killed by signal {status['signal']}"
-    return f"exited with code {status.get('exitcode')}"
-
-
-def read_status(statedir: str, pid: int):
-    """``(description, signal)`` for rank process ``pid`` if its supervisor saw it end, else None."""
-    status = load_status(statedir, pid)
-    if status is None:
-        return None
-    return describe(status), status.get("signal") or None
-
-
-def supervise(statedir: str) -> None:
-    """Fork; return in the child (the rank). The parent waits, records the child's end, exits alike."""
-    os.makedirs(statedir, exist_ok=True)
+    private_dir(statedir.path)
     parent = os.getpid()
     child = os.fork()
     if child == 0:
@@ -81,10 +56,7 @@ def supervise(statedir: str) -> None:
               else {"exitcode": os.waitstatus_to_exitcode(status)})
     record["at"] = time.time()
     try:
-        tmp = status_path(statedir, child) + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(record, fh)
-        os.replace(tmp, status_path(statedir, child))
+        statedir.write_status(child, record)
     except OSError:
         pass
     if "signal" in record:   # end the way the rank ended, so the launcher reports the same

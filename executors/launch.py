@@ -1,28 +1,27 @@
 """Launching one task as one ``mpiexec -n R`` job: shared by the mpirun and Parsl executors.
 
-:class:`MPILaunch` writes the task directory, starts the launcher in its own
-process session, enforces the walltime, kills the whole process tree on
-timeout or cancel, and turns what the ranks wrote into a value or a typed error.
+:class:`MPILaunch` starts the launcher in its own process session, watches the
+ranks' processes (to name the one that died first) and kills the whole process
+tree when asked; the task dir (:mod:`hetflow.executors.taskdir`) carries the rest.
 """
 from __future__ import annotations
 
 import functools
-import json
 import os
+import re
 import select
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import psutil
 
-from hetflow.errors import LaunchError, TaskCancelled, WalltimeExceeded
-from hetflow.executors._rank import read_launcher_deaths, read_outcomes, task_deaths
-from hetflow.spec import Resources
+from hetflow.errors import LaunchError
+from hetflow.executors.taskdir import Deaths, TaskDir, _private
+from hetflow.executors.watch import POLL_S
 
 
 def default_mpiexec() -> str:
@@ -106,74 +105,50 @@ def tail(path: str, limit: int = 4000) -> str:
         return ""
 
 
-#: How often a running job's rank processes are checked (seconds).
-WATCH_S = 0.02
-
-#: How long the launcher gets to stop the job after a rank vanished without reporting,
-#: before hetflow stops it itself (seconds). Hydra normally takes milliseconds; under
-#: load it was once seen never to notice, leaving the peers spinning in a collective.
-LOST_GRACE_S = 5.0
-
-
 class MPILaunch:
-    """One task's ``mpiexec`` job: prepare, run to completion (or walltime), collect."""
+    """One task's launcher job: start it in its own session, watch its ranks, kill it.
 
-    def __init__(self, taskdir: str, payload: bytes, resources: Resources, sys_path: List[str],
-                 command: List[str], env: dict):
+    The task dir must already hold the payload (``TaskDir.create``). ``on_vanished``
+    is called once, from :meth:`wait_step`, when a rank's process ended without
+    reporting: the caller arms its failed-peer grace (see ``watch.PEER_GRACE_S``)
+    and kills the job if the launcher has not stopped it by then.
+    """
+
+    def __init__(self, taskdir: TaskDir, ranks: int, command: List[str], env: dict,
+                 on_vanished: Optional[Callable[[], None]] = None):
         self.taskdir = taskdir
-        self.resources = resources
-        self.command = command + [taskdir]
+        self.ranks = ranks
+        self.command = command + [taskdir.path]
         self.env = env
+        self.on_vanished = on_vanished
         self.proc: Optional[subprocess.Popen] = None
-        self.cancelled = False
         self.first_vanished: Optional[int] = None
-        self._vanished_at: Optional[float] = None
         self._pids: dict = {}
         self._pidfds: dict = {}      # descriptor -> rank, while the job runs (Linux pidfds)
         self._launcher_fd: Optional[int] = None
-        os.makedirs(taskdir, exist_ok=True)
-        with open(os.path.join(taskdir, "task.pkl"), "wb") as fh:
-            fh.write(payload)
-        with open(os.path.join(taskdir, "meta.json"), "w") as fh:
-            json.dump({"resources": asdict(resources), "sys_path": sys_path}, fh)
-        self.stdout = os.path.join(taskdir, "stdout")
-        self.stderr = os.path.join(taskdir, "stderr")
 
     def start(self) -> None:
-        with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
+        with open(self.taskdir.stdout, "wb", opener=_private) as out, \
+                open(self.taskdir.stderr, "wb", opener=_private) as err:
             try:
-                self.proc = subprocess.Popen(self.command, cwd=self.taskdir, stdout=out,
+                self.proc = subprocess.Popen(self.command, cwd=self.taskdir.path, stdout=out,
                                              stderr=err, env=self.env, start_new_session=True)
             except OSError as exc:
                 raise LaunchError(f"could not start the MPI launcher: {exc}",
-                                  command=self.command, logs=[self.stderr]) from exc
+                                  command=self.command, logs=[self.taskdir.stderr]) from exc
 
-    def wait(self, task_id=None, executor: str = "") -> tuple:
-        """Block until the job ends; ``(outcomes, returncode, error_or_None)``."""
-        assert self.proc is not None
-        walltime = self.resources.walltime
-        deadline = None if walltime is None else time.monotonic() + walltime
+    def wait(self) -> int:
+        """Block until the job ends (watching its ranks); the launcher's exit code."""
         returncode = None
         while returncode is None:
-            returncode = self.wait_step(WATCH_S)
-            if returncode is None and deadline is not None and time.monotonic() > deadline:
-                break
-        self.close_watch()
-        if returncode is None:
-            kill_tree(self.proc.pid)
-            self.proc.wait()
-            return {}, self.proc.returncode, WalltimeExceeded(
-                f"task {task_id} ({executor}) exceeded its walltime of {walltime} s and was "
-                "stopped", walltime=walltime, task_id=task_id)
+            returncode = self.wait_step(1.0)
         # Ranks may have left orphans (a task's own subprocesses): end the session.
-        kill_tree(self.proc.pid)
-        if self.cancelled:
-            return {}, returncode, TaskCancelled(f"task {task_id} ({executor}) was cancelled")
-        return read_outcomes(self.taskdir), returncode, None
+        self.kill()
+        return returncode
 
-    def cancel(self) -> None:
-        self.cancelled = True
-        if self.proc is not None and self.proc.poll() is None:
+    def kill(self) -> None:
+        """SIGKILL the launcher's whole process tree (idempotent)."""
+        if self.proc is not None:
             kill_tree(self.proc.pid)
 
     def wait_step(self, timeout: float) -> Optional[int]:
@@ -193,10 +168,10 @@ class MPILaunch:
                 pass
         if self._launcher_fd is None:
             try:
-                return self.proc.wait(timeout=timeout)
+                return self.proc.wait(timeout=min(timeout, POLL_S))
             except subprocess.TimeoutExpired:
                 self.watch_ranks()
-                return self._stop_if_lost()
+                return None
         poller = select.poll()
         poller.register(self._launcher_fd, select.POLLIN)
         watching = self.first_vanished is None
@@ -204,8 +179,8 @@ class MPILaunch:
             for fd in self._pidfds:
                 poller.register(fd, select.POLLIN)
         # Until every rank's pid is known, wake at the poll interval to read pid files.
-        all_known = len(self._pids) == self.resources.ranks
-        wait_s = timeout if all_known or not watching else min(timeout, WATCH_S)
+        all_known = len(self._pids) == self.ranks
+        wait_s = timeout if all_known or not watching else min(timeout, POLL_S)
         ready = [fd for fd, _ in poller.poll(wait_s * 1000)]
         if watching:
             exited = [self._pidfds[fd] for fd in ready if fd in self._pidfds]
@@ -214,29 +189,15 @@ class MPILaunch:
             elif exited:                   # seen together: fall back to rank order
                 self.watch_ranks()
         returncode = self.proc.poll()
-        if returncode is None:
-            returncode = self._stop_if_lost()
         if returncode is not None:
             self.close_watch()
         return returncode
 
-    def _stop_if_lost(self) -> Optional[int]:
-        """Stop the job if a rank vanished unreported and the launcher has not, in time."""
-        if self._vanished_at is None or time.monotonic() - self._vanished_at <= LOST_GRACE_S:
-            return None
-        kill_tree(self.proc.pid)   # the task is lost already; its peers must not hang
-        return self.proc.wait()
-
     def _refresh_pids(self) -> None:
-        if len(self._pids) >= self.resources.ranks:
+        if len(self._pids) >= self.ranks:
             return
-        for rank in range(self.resources.ranks):
+        for rank, pid in self.taskdir.pids().items():
             if rank in self._pids:
-                continue
-            try:
-                with open(os.path.join(self.taskdir, f"pid-{rank}")) as fh:
-                    pid = int(fh.read().strip())
-            except (OSError, ValueError):
                 continue
             self._pids[rank] = pid
             if hasattr(os, "pidfd_open"):
@@ -247,10 +208,10 @@ class MPILaunch:
 
     def _vanished(self, rank: int) -> None:
         """``rank``'s process ended: note it if it ended without reporting."""
-        if self.first_vanished is None and \
-                not os.path.exists(os.path.join(self.taskdir, f"rank-{rank}.pkl")):
+        if self.first_vanished is None and not self.taskdir.has_outcome(rank):
             self.first_vanished = rank
-            self._vanished_at = time.monotonic()
+            if self.on_vanished is not None:
+                self.on_vanished()
 
     def close_watch(self) -> None:
         """Close the pidfds (idempotent)."""
@@ -263,52 +224,57 @@ class MPILaunch:
         self._launcher_fd = None
 
     def watch_ranks(self) -> None:
-        """Note the first rank whose process vanished without reporting.
+        """Note the first rank whose process vanished without reporting (polling fallback).
 
         A SIGKILLed rank leaves no evidence of its own, and Hydra then stops its peers
         and reports whichever it saw first; watching the pids while the job runs tells
-        the victim from the ranks stopped with it. This is the polling fallback of
-        :meth:`wait_step` (ranks found gone together are taken in rank order).
+        the victim from the ranks stopped with it (ranks found gone together are
+        taken in rank order).
         """
         if self.first_vanished is not None:
             return
         self._refresh_pids()
-        for rank, pid in self._pids.items():
+        for rank, pid in sorted(self._pids.items()):
             if ended(pid):
                 self._vanished(rank)
                 if self.first_vanished is not None:
                     return
 
-    def deaths(self) -> dict:
-        """Ranks that died without reporting: their own evidence first, then the launcher's."""
-        own = task_deaths(self.taskdir)   # the supervisors' records order them, cause first
-        if own:
-            # Hydra may name a peer it killed while cleaning up; a rank's own evidence wins.
-            return own
-        # SIGKILL leaves no evidence: Hydra's "BAD TERMINATION" report (on stdout) names a pid
-        # and the signal; the rank seen vanishing first is the victim.
-        report = tail(self.stdout, 20000) + tail(self.stderr, 20000)
-        found = read_launcher_deaths(self.taskdir, report)
+    def deaths(self) -> Deaths:
+        """Ranks that died without reporting, the cause first (see ``TaskDir.deaths``)."""
+        return self.taskdir.deaths(self._launcher_report)
+
+    def _launcher_report(self) -> Deaths:
+        """What only the launcher saw: Hydra's "BAD TERMINATION" report (on stdout) names a
+        pid and the signal; the rank seen vanishing first is the victim."""
+        report = tail(self.taskdir.stdout, 20000) + tail(self.taskdir.stderr, 20000)
+        found = hydra_deaths(self.taskdir, report)
         if self.first_vanished is not None:
             what = next(iter(found.values()))[0] if found else "vanished"
             return {self.first_vanished: (what, "")}
         return found
 
     def stderr_tail(self) -> str:
-        return tail(self.stderr)
-
-    def cleanup(self) -> None:
-        shutil.rmtree(self.taskdir, ignore_errors=True)
+        return tail(self.taskdir.stderr)
 
 
-def timestamps(outcomes: dict, launched: float) -> dict:
-    """The rank-0 start/finish stamps for :class:`TaskTimes` (launch stamp included)."""
-    stamps = {"launched": launched}
-    root = outcomes.get(0)
-    if root is not None:
-        stamps.update(started=root.started, finished=root.finished)
-    return stamps
+_HYDRA_BAD = re.compile(r"PID (\d+) RUNNING AT .*?\n=\s+EXIT CODE: (\d+)", re.S)
+_HYDRA_SIGNAL = re.compile(r"EXIT STRING: .*?\(signal (\d+)\)")
 
 
-def now() -> float:
-    return time.time()
+def hydra_deaths(taskdir: TaskDir, launcher_output: str) -> Deaths:
+    """Deaths Hydra saw but the rank could not record (SIGKILL leaves no evidence).
+
+    Hydra reports ``PID n RUNNING AT host / EXIT CODE: c`` for the process that
+    terminated badly; the ``pid-<rank>`` files map it back to a rank. Only its
+    first report counts: later ones are peers it stopped while cleaning up.
+    """
+    pids = {pid: rank for rank, pid in taskdir.pids().items()}
+    signal_match = _HYDRA_SIGNAL.search(launcher_output)
+    deaths = {}
+    for pid, code in _HYDRA_BAD.findall(launcher_output)[:1]:
+        rank = pids.get(int(pid))
+        if rank is not None:
+            deaths[rank] = (f"was killed by signal {signal_match.group(1)}" if signal_match
+                            else f"exited with code {code}", "")
+    return deaths

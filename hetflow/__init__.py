@@ -16,8 +16,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "mpi_app": "hetflow.apps", "MPIApp": "hetflow.apps", "current_comm": "hetflow._task",
     "runtime": "hetflow.runtime", "available_runtimes": "hetflow.runtime",
-    "task_times": "hetflow.executors.base", "TaskTimes": "hetflow.executors.base",
-    "cancel": "hetflow.executors.base", "task_state": "hetflow.executors.base",
+    "task_times": "hetflow.tasks", "TaskTimes": "hetflow.tasks", "TaskState": "hetflow.tasks",
+    "cancel": "hetflow.tasks", "task_state": "hetflow.tasks",
     "keep": "hetflow.resident", "Resident": "hetflow.resident",
 }
 

@@ -135,3 +135,61 @@ class SchemaMismatch(InputError):
 
 class BackendUnavailable(ResourcesUnavailable):
     """A compute backend (GPU via cupy, pycylon) was requested but cannot run here."""
+
+
+# --------------------------------------------------------------------------- built in one place
+# Every runtime reports the same failure with the same type and wording: these build them.
+
+def walltime_exceeded(task_id, executor: str, walltime, detail: str = "") -> WalltimeExceeded:
+    """The task ran past its walltime; ``detail`` says what the runtime did about its ranks."""
+    return WalltimeExceeded(f"task {task_id} ({executor}) exceeded its walltime of {walltime} s "
+                            f"and was stopped{detail}", walltime=walltime, task_id=task_id)
+
+
+def cancelled(task_id, executor: str, running: bool) -> TaskCancelled:
+    """The task was cancelled, while it waited or while it ran."""
+    return TaskCancelled(f"task {task_id} ({executor}) was cancelled "
+                         f"{'while running' if running else 'before it started'}")
+
+
+def shut_down(task_id, executor: str) -> ExecutorBroken:
+    """The executor shut down before the task finished."""
+    return ExecutorBroken(f"executor {executor!r} shut down before task {task_id} finished")
+
+
+def rank_raised(task_id, executor: str, ranks: int, outcome, exception) -> TaskFailed:
+    """A rank's function raised: ``outcome`` is its report, ``exception`` the original (or None)."""
+    return TaskFailed(
+        f"task {task_id} ({executor}): rank {outcome.rank} of {ranks} raised "
+        f"{outcome.exception_type}: {outcome.message}",
+        rank=outcome.rank, host=outcome.host, exception=exception,
+        exception_type=outcome.exception_type, remote_traceback=outcome.traceback,
+        task_id=task_id)
+
+
+def rank_lost(task_id, executor: str, ranks: int, missing, deaths, returncode=None,
+              stderr_tail: str = "") -> TaskLost:
+    """Ranks ``missing`` never reported; ``deaths`` (cause first) says how, where known."""
+    import re
+
+    signal = -returncode if returncode is not None and returncode < 0 else None
+    how = (f"killed by signal {signal}" if signal else
+           f"launcher exit code {returncode}" if returncode is not None else "no report")
+    deaths = {r: d for r, d in (deaths or {}).items() if r in missing}
+    if deaths:
+        rank = next(iter(deaths))
+        what, text = deaths[rank]
+        named = re.search(r"signal (\d+)", what)
+        if named and signal is None:
+            signal = int(named.group(1))
+        others = [r for r in missing if r != rank]
+        message = (f"task {task_id} ({executor}): rank {rank} of {ranks} {what} "
+                   f"without reporting ({how})")
+        if others:
+            message += f"; rank(s) {others} were stopped with it"
+    else:
+        rank, text = missing[0], ""
+        message = (f"task {task_id} ({executor}): rank(s) {list(missing)} of {ranks} "
+                   f"died without reporting ({how})")
+    return TaskLost(message, rank=rank, exitcode=returncode, signal=signal,
+                    stderr_tail=stderr_tail, task_id=task_id, remote_traceback=text or None)

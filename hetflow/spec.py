@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -80,3 +81,14 @@ class Resources:
         if extra:
             raise ConfigError(f"unknown resource specification key(s) {sorted(extra)}")
         return cls().replace(**spec["hetflow"])
+
+
+def machine_gpus() -> int:
+    """GPUs visible on this machine (0 when there are none or no driver)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() not in ("", "-1")])
+    try:
+        return len([d for d in os.listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit()])
+    except OSError:
+        return 0

@@ -5,7 +5,7 @@ import time
 import pytest
 
 import hetflow
-from hetflow.executors.base import SlotScheduler
+from hetflow.executors.scheduler import SlotScheduler
 
 
 @hetflow.mpi_app(ranks=2, returns="all")

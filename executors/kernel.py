@@ -1,0 +1,321 @@
+"""The executor protocol: what a hetflow runtime is, in one file.
+
+A runtime is a Parsl executor (so it works in ``hetflow.runtime(name)`` and in a
+user's own ``parsl.Config``) built on :class:`Executor`. The kernel owns each
+task's life: validation, the FIFO-with-backfill queue, cancelling queued tasks,
+walltimes, delivery with timestamps, and shutdown. A runtime only starts and
+stops work, through these hooks:
+
+``_start(task)``            required. Run ``task`` on ``task.slots`` (rank slots the
+                            queue gave it); called on the kernel's dispatch thread,
+                            so hand long work to a thread or an event loop. When the
+                            task ends, call :meth:`Executor._complete` with the ranks'
+                            outcomes (or :meth:`Executor._finish` with a value or error).
+``_stop(task, error)``      required. Stop the running task's processes now. ``error``
+                            (walltime, cancel, shutdown) is the task's verdict and
+                            wins over what the runtime later reports; None means a
+                            rank failed and its peers hung: the ranks' reports decide.
+``_start_runtime()``        optional. Bring up what lives as long as the executor
+                            (a pilot, an MPI world); ``self.run_root`` is its dir.
+``_stop_runtime()``         optional. Tear it down; running tasks were stopped first.
+``_admit(task, args, kwargs)``  optional. Runtime-specific checks at submit time.
+``_head_blocked(task)``     optional. The queue's first task could not start on the
+                            slots there are (a runtime that can reshape them may act).
+
+A new runtime also registers its class in the ``hetflow.executors`` entry-point
+group. Every rank runs the shared runner (``_rank.run_on_rank``), so values and
+errors are identical across runtimes by construction.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Protocol, runtime_checkable
+
+from parsl.executors.base import ParslExecutor
+
+from hetflow import errors
+from hetflow.errors import ConfigError, ExecutorBroken, NotSupported, ResourcesUnavailable
+from hetflow.executors._rank import TaskPayload, collect
+from hetflow.executors.scheduler import SlotScheduler
+from hetflow.executors.watch import Deadline, Watch
+from hetflow.spec import Resources, machine_gpus
+from hetflow.tasks import TaskState, TaskTimes
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """Everything core (``hetflow.apps``, ``hetflow.tasks``, ``hetflow.runtime``) relies on."""
+
+    label: str
+    max_ranks: int
+    #: Features this runtime cannot provide, feature -> reason ("walltime", "cancel_running",
+    #: "resident_data"); asking for one raises NotSupported naming it.
+    unsupported: Dict[str, str]
+
+    def check_resources(self, resources: Resources) -> None:
+        """Raise ResourcesUnavailable for a task this runtime can never run."""
+
+    def cancel(self, future: Future) -> bool:
+        """Stop a queued or running task (its future fails with TaskCancelled)."""
+
+    def parsl_config_options(self) -> dict:
+        """Settings ``hetflow.runtime`` puts in the Parsl Config around this executor."""
+
+
+@dataclass(eq=False)
+class Task:
+    """The kernel's record of one task; ``future.hetflow_task`` points to it."""
+
+    id: int
+    resources: Resources
+    payload: bytes
+    future: Future
+    times: TaskTimes
+    state: TaskState = TaskState.NEW
+    slots: list = field(default_factory=list)
+    #: The verdict the kernel decided (walltime, cancel, shutdown); wins over the runtime's.
+    error: Optional[BaseException] = None
+    deadline: Optional[Deadline] = None
+    #: The runtime's own handle on the running task (a launch, an RP task, ...).
+    handle: Any = None
+
+    @property
+    def done(self) -> bool:
+        return self.future.done()
+
+
+class Executor(ParslExecutor):
+    """The kernel every hetflow runtime builds on (see the module docstring for the hooks)."""
+
+    unsupported: Dict[str, str] = {}
+
+    def __init__(self, label: str, *, max_ranks: Optional[int] = None,
+                 gpus: Optional[int] = None, max_bypass: int = 16, **parsl_options):
+        super().__init__(**parsl_options)
+        self.label = label
+        self.max_ranks = (os.cpu_count() or 1) if max_ranks is None else max_ranks
+        if isinstance(self.max_ranks, bool) or not isinstance(self.max_ranks, int) \
+                or self.max_ranks < 1:
+            raise ConfigError(f"max_ranks must be a positive int, got {max_ranks!r}")
+        self.gpus = machine_gpus() if gpus is None else gpus
+        self._lock = threading.RLock()
+        self._kicked = threading.Condition(self._lock)
+        self._kick_pending = False
+        self._scheduler = self._make_scheduler(max_bypass)
+        self._live: Dict[Future, Task] = {}
+        self._ids = itertools.count()
+        self._stopping = False
+        self._watch = Watch(f"{label}-watch")
+        self._dispatcher: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------------ hooks
+    def _start(self, task: Task) -> None:
+        raise NotImplementedError
+
+    def _stop(self, task: Task, error: Optional[BaseException]) -> None:
+        raise NotImplementedError
+
+    def _start_runtime(self) -> None:
+        pass
+
+    def _stop_runtime(self) -> None:
+        pass
+
+    def _admit(self, task: Task, args: tuple, kwargs: dict) -> None:
+        pass
+
+    def _head_blocked(self, task: Task) -> None:
+        pass
+
+    def _make_scheduler(self, max_bypass: int) -> SlotScheduler:
+        return SlotScheduler(self.max_ranks, max_bypass=max_bypass)
+
+    def _slots_needed(self, resources: Resources) -> int:
+        return resources.cores
+
+    # ------------------------------------------------------------------ Parsl's executor API
+    def start(self) -> None:
+        self.run_root = os.path.join(self.run_dir, self.label)
+        from hetflow.executors.taskdir import private_dir
+        private_dir(self.run_root)
+        self._start_runtime()
+        self._dispatcher = threading.Thread(target=self._dispatch_loop, daemon=True,
+                                            name=f"{self.label}-dispatch")
+        self._dispatcher.start()
+
+    def submit(self, func, resource_specification, *args, **kwargs) -> Future:
+        if self._stopping:
+            raise ExecutorBroken(f"executor {self.label!r} is shut down")
+        resources = Resources.from_spec(resource_specification)
+        self.check_resources(resources)
+        future: Future = Future()
+        task_id = next(self._ids)
+        future.parsl_executor_task_id = task_id
+        payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
+                              resources=resources).dumps()
+        task = Task(task_id, resources, payload, future,
+                    TaskTimes(executor=self.label, ranks=resources.ranks, submitted=time.time()))
+        future.hetflow_task = task
+        self._admit(task, args, kwargs)
+        with self._lock:
+            task.state = TaskState.SCHEDULING
+            self._live[future] = task
+            self._scheduler.push(task, self._slots_needed(resources))
+            self._kick()
+        return future
+
+    def check_resources(self, resources: Resources) -> None:
+        if resources.walltime is not None and "walltime" in self.unsupported:
+            raise NotSupported(f"walltime: {self.unsupported['walltime']}")
+        if self._slots_needed(resources) > self.max_ranks:
+            raise ResourcesUnavailable(
+                f"task needs {resources.ranks} rank(s) x {resources.cores_per_rank} core(s) = "
+                f"{resources.cores} slot(s), but executor {self.label!r} has max_ranks="
+                f"{self.max_ranks}")
+        if resources.ranks * resources.gpus_per_rank > self.gpus:
+            raise ResourcesUnavailable(
+                f"task needs {resources.ranks * resources.gpus_per_rank} GPU(s), but executor "
+                f"{self.label!r} sees {self.gpus} on this machine")
+
+    def cancel(self, future: Future) -> bool:
+        """Cancel a queued or running task: its future fails with TaskCancelled."""
+        with self._lock:
+            task = self._live.get(future)
+            if task is None or task.done:
+                return False
+            queued = self._scheduler.remove(task)
+        if queued:
+            self._finish(task, error=errors.cancelled(task.id, self.label, running=False))
+        elif "cancel_running" in self.unsupported:
+            raise NotSupported(f"cancel a running task: {self.unsupported['cancel_running']}")
+        else:
+            self._halt(task, errors.cancelled(task.id, self.label, running=True))
+        return True
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+            queued = [entry[0] for entry in self._scheduler.queue]
+            self._scheduler.queue.clear()
+            running = [t for t in self._live.values() if t not in queued]
+            self._kick()
+        for task in queued:
+            self._finish(task, error=errors.shut_down(task.id, self.label))
+        for task in running:
+            self._halt(task, errors.shut_down(task.id, self.label))
+        try:
+            self._stop_runtime()
+        finally:
+            for task in list(self._live.values()):
+                self._finish(task, error=errors.shut_down(task.id, self.label))
+            self._watch.close()
+            if self._dispatcher is not None:
+                self._dispatcher.join(timeout=10)
+
+    def parsl_config_options(self) -> dict:
+        return {}
+
+    def monitor_resources(self) -> bool:
+        return False   # Parsl's monitor watches one process tree; MPI ranks are many
+
+    # ------------------------------------------------------------------ for runtimes
+    def _complete(self, task: Task, outcomes: dict, **evidence) -> None:
+        """Finish ``task`` from its ranks' outcomes (``evidence``: see ``_rank.collect``)."""
+        value, error = None, None
+        try:
+            value = collect(outcomes, task.id, task.resources, self.label, **evidence)
+        except BaseException as exc:  # noqa: BLE001 - the task's typed error
+            error = exc
+        self._finish(task, value, error, root=outcomes.get(0))
+
+    def _finish(self, task: Task, value=None, error: Optional[BaseException] = None, *,
+                root=None, release: bool = True) -> None:
+        """Deliver the task's result once (the kernel's verdict wins); free its slots.
+
+        ``root`` is rank 0's outcome (its start and finish stamps); ``release=False``
+        for a runtime that frees slots itself as each rank comes back (the pool).
+        """
+        with self._lock:
+            if self._live.pop(task.future, None) is None:
+                return
+            if release and task.slots:
+                self._scheduler.release(task.slots)
+            self._kick()
+        if task.deadline is not None:
+            task.deadline.cancel()
+        error = task.error or error
+        if root is not None:
+            task.times.started, task.times.finished = root.started, root.finished
+        task.times.delivered = time.time()
+        task.state = TaskState.of_outcome(error)
+        task.payload = b""
+        if error is not None:
+            task.future.set_exception(error)
+        else:
+            task.future.set_result(value)
+
+    def _release(self, slots) -> None:
+        """Free slots outside :meth:`_finish` (``release=False`` runtimes)."""
+        with self._lock:
+            self._scheduler.release(slots)
+            self._kick()
+
+    def _requeue(self, task: Task) -> None:
+        """Queue a running task again, first (it lost its ranks through no fault of its own)."""
+        with self._lock:
+            if task.deadline is not None:
+                task.deadline.cancel()
+            task.slots, task.state, task.deadline = [], TaskState.SCHEDULING, None
+            self._scheduler.push_front(task, self._slots_needed(task.resources))
+            self._kick()
+
+    def _halt(self, task: Task, error: Optional[BaseException]) -> None:
+        """Decide ``task``'s verdict (if given and none yet) and have the runtime stop it."""
+        if error is not None and task.error is None:
+            task.error = error
+        if not task.done:
+            self._stop(task, error)
+
+    # ------------------------------------------------------------------ dispatch
+    def _kick(self) -> None:
+        """Wake the dispatcher: slots were freed or tasks queued (call with the lock held)."""
+        self._kick_pending = True
+        self._kicked.notify()
+
+    def _dispatch_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._kick_pending:
+                    self._kicked.wait()
+                self._kick_pending = False
+                if self._stopping:
+                    return
+                ready = self._scheduler.pop_ready()
+                head = self._scheduler.head()
+                for task, slots in ready:
+                    task.slots, task.state = list(slots), TaskState.EXECUTING
+                    task.times.launched = time.time()
+            for task, _ in ready:
+                walltime = task.resources.walltime
+                if walltime is not None:
+                    task.deadline = self._watch.after(walltime, lambda t=task: self._halt(
+                        t, errors.walltime_exceeded(t.id, self.label, t.resources.walltime)))
+                try:
+                    self._start(task)
+                except BaseException as exc:  # noqa: BLE001 - the future must learn of it
+                    self._finish(task, error=exc)
+            if head is not None:
+                self._head_blocked(head[0])
+
+    @staticmethod
+    def client_sys_path() -> list:
+        """The client's import path, handed to ranks so its modules' functions unpickle."""
+        return [p for p in sys.path if p]

@@ -1,0 +1,67 @@
+"""Packing tasks onto rank slots: FIFO with bounded backfill (the kernel's queue)."""
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, List, Optional
+
+
+class SlotScheduler:
+    """Packs tasks onto ``capacity`` slots: FIFO, with backfill that cannot starve.
+
+    A task that does not fit lets later, smaller ones pass it at most
+    ``max_bypass`` times; after that nothing passes it until it has run.
+    Slots are concrete numbers (used for pinning); a subclass with its own
+    placement rules (the pool's worlds) overrides :meth:`take`.
+    """
+
+    def __init__(self, capacity: int, max_bypass: int = 16):
+        self.capacity = capacity
+        self.max_bypass = max_bypass
+        self.free = list(range(capacity))
+        self.queue: deque = deque()  # entries: [item, slots_needed, bypassed]
+
+    def push(self, item, slots: int) -> None:
+        self.queue.append([item, slots, 0])
+
+    def push_front(self, item, slots: int) -> None:
+        """Queue ``item`` first (it ran and lost its ranks through no fault of its own)."""
+        self.queue.appendleft([item, slots, 0])
+
+    def remove(self, item) -> bool:
+        for entry in self.queue:
+            if entry[0] is item:
+                self.queue.remove(entry)
+                return True
+        return False
+
+    def head(self):
+        """The first queued entry ``[item, need, bypassed]``, or None."""
+        return self.queue[0] if self.queue else None
+
+    def take(self, item, need: int) -> Optional[list]:
+        """Take slots for ``item`` (the first ``need`` free ones), or None when it does not fit."""
+        if need > len(self.free):
+            return None
+        slots, self.free = self.free[:need], self.free[need:]
+        return slots
+
+    def pop_ready(self, take: Optional[Callable] = None) -> List[tuple]:
+        """Entries that can start now, as ``(item, slots)``; their slots are taken."""
+        take = take or self.take
+        ready = []
+        blocked_head = None
+        for entry in list(self.queue):
+            item, need, _ = entry
+            allowed = blocked_head is None or blocked_head[2] < self.max_bypass
+            slots = take(item, need) if allowed else None
+            if slots is not None:
+                self.queue.remove(entry)
+                ready.append((item, slots))
+                if blocked_head is not None:
+                    blocked_head[2] += 1
+            elif blocked_head is None:
+                blocked_head = entry
+        return ready
+
+    def release(self, slots) -> None:
+        self.free = sorted(self.free + list(slots))
