@@ -19,6 +19,7 @@ from typing import Callable, List, Optional, Sequence
 
 import psutil
 
+from hetflow._guardian import alive
 from hetflow.errors import LaunchError
 from hetflow.executors.taskdir import Deaths, TaskDir, _private
 from hetflow.executors.watch import POLL_S
@@ -88,10 +89,7 @@ def kill_tree(pid: int) -> None:
 
 def ended(pid: int) -> bool:
     """Whether process ``pid`` has exited (no such process, or a zombie not yet reaped)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+    return not alive(pid)
 
 
 def tail(path: str, limit: int = 4000) -> str:

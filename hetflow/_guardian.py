@@ -22,6 +22,7 @@ tokens and are never touched.
 """
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import select
@@ -32,13 +33,51 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
+logger = logging.getLogger(__name__)
+
+
 #: Prefix of the environment variable that marks a runtime's processes.
 ENV_PREFIX = "HETFLOW_RUNTIME_"
 _STOP = b"stop\n"
 #: How long the guardian keeps sweeping for stragglers (forks racing the kill).
 _SWEEP_S = 5.0
+#: What the guardian writes once it knows its client, and how long the client waits for it.
+_READY, _READY_S = b"ready\n", 10.0
 #: How often the guardian records the client's descendants.
 _TRACK_S = 0.5
+
+
+# ---- /proc/<pid>/stat, read once for everyone (this module, the launchers, the pool)
+#: Indexes into :func:`stat_fields` (``proc(5)`` field number minus 3).
+STATE, PPID, PGRP, START_TICKS = 0, 1, 2, 19
+
+
+def stat_fields(pid) -> Optional[List[bytes]]:
+    """The fields of ``/proc/<pid>/stat`` after the command name, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            # The command name is in parentheses and may hold spaces or ')': split after it.
+            return fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid) -> bool:
+    """Whether ``pid`` runs (a zombie not yet reaped has ended)."""
+    fields = stat_fields(pid)
+    return fields is not None and fields[STATE] not in (b"Z", b"X")
+
+
+def start_ticks(pid) -> Optional[int]:
+    """Start time of ``pid`` in clock ticks since boot: tells a live process from a recycled
+    pid, and reads the same in every process, unlike ``psutil``'s ``create_time()``, which
+    adds a boot time each process cached (seen to differ by 20 s between two processes on
+    one CI VM). None if it is gone."""
+    fields = stat_fields(pid)
+    try:
+        return int(fields[START_TICKS]) if fields is not None else None
+    except (IndexError, ValueError):
+        return None
 
 
 def marker(token: str) -> str:
@@ -59,28 +98,14 @@ def marked_processes(token: str, exclude: tuple = ()) -> List[int]:
         try:
             with open(f"/proc/{pid}/environ", "rb") as fh:
                 environ = fh.read()
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                state = fh.read().rsplit(b")", 1)[1].split()[0]
         except OSError:               # gone, or not ours to read
             continue
-        if state in (b"Z", b"X"):
+        if not alive(pid):
             continue
         # Variables are NUL-separated: match whole names only.
         if environ.startswith(needle) or b"\0" + needle in environ:
             found.append(pid)
     return found
-
-
-def start_ticks(pid: int) -> Optional[int]:
-    """Start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22): tells
-    a live process from a recycled pid, and reads the same in every process, unlike
-    ``psutil``'s ``create_time()``, which adds a boot time each process cached (seen to
-    differ by 20 s between two processes on one CI VM). None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return int(fh.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def descendants(root: int, since: Tuple[int, int] = (0, 0)) -> Dict[int, int]:
@@ -123,13 +148,12 @@ def orphans(pgid: int, since: Tuple[int, int]) -> List[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
+        fields = stat_fields(entry)
         try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-            if int(fields[1]) == reaper and int(fields[2]) == pgid and \
-                    _after(int(fields[19]), int(entry), since):
+            if fields is not None and int(fields[PPID]) == reaper and \
+                    int(fields[PGRP]) == pgid and _after(int(fields[START_TICKS]), int(entry), since):
                 found.append(int(entry))
-        except (OSError, IndexError, ValueError):
+        except (IndexError, ValueError):
             continue
     return found
 
@@ -155,7 +179,7 @@ def sweep(token: str, tracked: Optional[Dict[int, int]] = None, group: Optional[
                 continue
             tracked.update(descendants(pid))
         targets = (set(marked_processes(token)) | set(tracked)) - {me}
-        targets = {pid for pid in targets if pid not in killed or _alive(pid)}
+        targets = {pid for pid in targets if pid not in killed or alive(pid)}
         if not targets:
             return len(killed)
         for pid in targets:
@@ -167,14 +191,6 @@ def sweep(token: str, tracked: Optional[Dict[int, int]] = None, group: Optional[
         if time.monotonic() > deadline:
             return len(killed)
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except OSError:
-        return False
 
 
 class Guardian:
@@ -191,8 +207,15 @@ class Guardian:
         self._proc = None
         if os.path.isdir("/proc/self/task"):     # Linux: the guardian reads /proc
             self._proc = subprocess.Popen(args, stdin=subprocess.PIPE,
-                                          stdout=subprocess.DEVNULL, close_fds=True,
+                                          stdout=subprocess.PIPE, close_fds=True,
                                           start_new_session=True)
+            # Wait until it knows its client and the client's process group: a client
+            # killed before that would leave its forks unfound (seen under load).
+            ready, _, _ = select.select([self._proc.stdout], [], [], _READY_S)
+            if not ready or self._proc.stdout.readline() != _READY:
+                logger.warning("runtime guardian %s did not report ready in %s s", self.token,
+                               _READY_S)
+            self._proc.stdout.close()
         os.environ[self.name] = str(os.getpid())
         # setproctitle (Parsl's interchange, RP's components) writes a long title over
         # the environ block, erasing the mark from /proc/<pid>/environ; SPT_NOENV stops it.
@@ -279,6 +302,10 @@ def main(argv: List[str]) -> int:
         group = None
     if os.getppid() != client:        # the client died already: that group is not its
         group = None
+    try:
+        os.write(sys.stdout.fileno(), _READY)
+    except OSError:
+        pass
     if not _watch_client(sys.stdin.fileno(), tracked, born):
         return 0
     killed = sweep(token, tracked, group)
