@@ -1,0 +1,120 @@
+"""The executor kernel's contract, on a minimal runtime of threads (no MPI launch).
+
+The parity suite checks the same behaviour through every real runtime; this file
+pins down what the kernel itself promises a runtime author: the kernel's verdict
+(walltime, cancel, shutdown) wins over what the runtime reports, queued tasks are
+cancelled without the runtime, slots are freed, a failing ``_start`` fails only
+its own task.
+"""
+import threading
+import time
+
+import pytest
+
+import hetflow
+from hetflow._task import MPITask
+from hetflow.executors._rank import run_on_rank
+from hetflow.executors.kernel import Executor
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Threads(Executor):
+    """Each task on its own thread, on COMM_SELF; ``_stop`` only records that it was asked."""
+
+    def __init__(self, slots=2):
+        super().__init__("threads", max_ranks=slots)
+        self.stops = []
+
+    def _start(self, task):
+        if task.resources.retries == 7:       # the tests' mark for "cannot start"
+            raise RuntimeError("refused to start")
+        threading.Thread(target=self._run, args=(task,), daemon=True).start()
+
+    def _run(self, task):
+        from mpi4py import MPI
+
+        self._complete(task, {0: run_on_rank(task.payload, MPI.COMM_SELF)})
+
+    def _stop(self, task, error):
+        self.stops.append((task.id, type(error).__name__))
+
+
+def nap(comm, seconds, tag=None):
+    time.sleep(seconds)
+    return tag
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    executor = Threads()
+    executor.run_dir = str(tmp_path)
+    executor.start()
+    yield executor
+    executor.shutdown()
+
+
+def submit(executor, seconds, tag=None, **resources):
+    spec = hetflow.Resources(**resources).to_spec()
+    return executor.submit(MPITask(nap), spec, seconds, tag)
+
+
+def test_walltime_verdict_wins_over_the_late_value(runtime):
+    fut = submit(runtime, 1.0, "late", walltime=0.2)
+    with pytest.raises(hetflow.WalltimeExceeded, match="walltime of 0.2 s"):
+        fut.result(timeout=10)
+    assert runtime.stops == [(fut.parsl_executor_task_id, "WalltimeExceeded")]
+    assert hetflow.task_state(fut) == "FAILED"
+
+
+def test_queued_task_is_cancelled_without_the_runtime(runtime):
+    running = submit(runtime, 0.5, "a", cores_per_rank=2)       # takes both slots
+    queued = submit(runtime, 0.0, "b")
+    assert hetflow.task_state(queued) == "SCHEDULING"
+    assert runtime.cancel(queued) is True
+    with pytest.raises(hetflow.TaskCancelled, match="before it started"):
+        queued.result(timeout=1)
+    assert runtime.stops == []
+    assert running.result(timeout=10) == "a"
+    assert hetflow.task_state(queued) == "CANCELED"
+
+
+def test_running_task_is_stopped_through_the_hook(runtime):
+    fut = submit(runtime, 0.5, "x")
+    while hetflow.task_state(fut) != "EXECUTING":
+        time.sleep(0.01)
+    assert runtime.cancel(fut) is True
+    with pytest.raises(hetflow.TaskCancelled, match="while running"):
+        fut.result(timeout=10)
+    assert runtime.stops == [(fut.parsl_executor_task_id, "TaskCancelled")]
+
+
+def test_slots_are_freed_and_backfill_runs_small_tasks(runtime):
+    first = submit(runtime, 0.3, 1)
+    big = submit(runtime, 0.0, 2, cores_per_rank=2)       # waits for both slots
+    small = submit(runtime, 0.0, 3)              # may pass the big one
+    assert [f.result(timeout=10) for f in (first, big, small)] == [1, 2, 3]
+    assert hetflow.task_times(small).launched < hetflow.task_times(big).launched
+
+
+def test_failing_start_fails_only_its_task(runtime):
+    bad = submit(runtime, 0.0, "bad", retries=7)
+    with pytest.raises(RuntimeError, match="refused to start"):
+        bad.result(timeout=10)
+    assert submit(runtime, 0.0, "good", cores_per_rank=2).result(timeout=10) == "good"
+
+
+def test_shutdown_fails_queued_and_running_tasks(tmp_path):
+    executor = Threads(slots=1)
+    executor.run_dir = str(tmp_path)
+    executor.start()
+    running = submit(executor, 0.5, "r")
+    queued = submit(executor, 0.0, "q")
+    while hetflow.task_state(running) != "EXECUTING":
+        time.sleep(0.01)
+    executor.shutdown()
+    for fut in (running, queued):
+        with pytest.raises(hetflow.ExecutorBroken, match="shut down before task"):
+            fut.result(timeout=10)
+    with pytest.raises(hetflow.ExecutorBroken, match="is shut down"):
+        submit(executor, 0.0)
