@@ -13,10 +13,11 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hetflow.errors import LaunchError
 from hetflow.executors import _pool_wire as wire
+from hetflow.executors._pool_faults import rank_death
 from hetflow.executors.launch import ended, kill_tree, launcher_env, launcher_flavour
 from hetflow.executors.taskdir import TaskDir, private_dir
 from hetflow.executors.watch import EVIDENCE_GRACE_S
@@ -172,6 +173,28 @@ class Worlds:
         if now - slot.dead_since >= EVIDENCE_GRACE_S:
             return False
         return not ended(slot.supervisor)
+
+    def evidence(self, tasks_slots, lost) -> Dict[int, Tuple[str, str]]:
+        """How ranks ended, by slot, from their worlds' state dirs, for the slots of each task.
+
+        A lost rank: its own evidence completed by its supervisor's record; a peer
+        not (yet) seen dead: its own evidence only.
+        """
+        evidence, own = {}, {}
+        for slots in tasks_slots:
+            for slot_id in slots:
+                slot = self.slots[slot_id]
+                world = self.worlds.get(slot.world)
+                if world is None:
+                    continue
+                if world.id not in own:
+                    own[world.id] = world.taskdir.own_deaths()
+                recorded = own[world.id].get(slot.wrank)
+                death = (rank_death(recorded, world.taskdir.load_status(slot.pid))
+                         if slot_id in lost else recorded)
+                if death is not None:
+                    evidence[slot_id] = death
+        return evidence
 
     def overdue(self, world: World, now: float, timeout: float) -> bool:
         """The world runs but has not registered all its ranks within ``timeout`` s."""

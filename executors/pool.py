@@ -51,7 +51,7 @@ from typing import Dict, List, Optional, Sequence
 
 from hetflow.errors import ConfigError, ExecutorBroken, LaunchError, ResourcesUnavailable, TaskLost
 from hetflow.executors import _pool_wire as wire
-from hetflow.executors._pool_faults import RunningTask, rank_death, settle_lost
+from hetflow.executors._pool_faults import RunningTask, settle_lost
 from hetflow.executors._pool_sched import PoolScheduler
 from hetflow.executors._pool_worlds import Slot, World, Worlds, launcher_prefix
 from hetflow.executors._rank import collect
@@ -177,7 +177,8 @@ class PoolExecutor(Executor):
         self._thread = threading.Thread(target=self._loop, name=f"{self.label}-broker", daemon=True)
         self._thread.start()
         if not self._ready.wait(self.start_timeout) or self._broken:
-            why = self._broken or f"not all {self.max_ranks} ranks registered in {self.start_timeout} s"
+            why = self._broken or (f"not all {self.max_ranks} ranks registered in "
+                                   f"{self.start_timeout} s")
             world = self._mpi.worlds.get(0)
             self.shutdown()
             raise LaunchError(f"pool {self.label!r} did not start: {why}",
@@ -458,7 +459,8 @@ class PoolExecutor(Executor):
             self._tasks.pop(task.id, None)
 
     def _busy_for(self, task: Task) -> List[int]:
-        return [s for s in task.slots if self._mpi.slots[s].alive and self._mpi.slots[s].task == task.id]
+        slots = self._mpi.slots
+        return [s for s in task.slots if slots[s].alive and slots[s].task == task.id]
 
     def _on_stop(self, task: Task) -> None:
         """The kernel's verdict (walltime, cancel, shutdown): stop the ranks, deliver it."""
@@ -502,7 +504,8 @@ class PoolExecutor(Executor):
             slot_ids, busy,
             {tid: RunningTask(tuple(t.slots), t.done, t.handle.requeues)
              for tid, t in running.items()},
-            self._evidence(slot_ids, running.values()), collateral=collateral, blame=blame)
+            self._mpi.evidence([t.slots for t in running.values()], slot_ids),
+            collateral=collateral, blame=blame)
         for slot_id in plan.stop:
             self._mpi.kill(self._mpi.slots[slot_id])
         for slot_id in plan.lost:
@@ -520,7 +523,7 @@ class PoolExecutor(Executor):
             self._tasks.pop(task_id, None)
             self._requeue(task)
         if plan.lost and not self._stopping and not self._consolidating:
-            cores = [self._mpi.slots[s].core for s in plan.lost if self._mpi.slots[s].core is not None]
+            cores = [c for c in (self._mpi.slots[s].core for s in plan.lost) if c is not None]
             world = self._mpi.launch(len(plan.lost), cores=cores)
             self._event(f"{len(plan.lost)} rank(s) lost ({why}): started replacement world "
                         f"{world.id} of {len(plan.lost)} rank(s)")
@@ -532,28 +535,6 @@ class PoolExecutor(Executor):
             self._event(f"task {task_id}: {desc} died ({why}); task failed, rank(s) replaced")
             self._deliver(task, deaths, lost=desc)
             self._forget(task)
-
-    def _evidence(self, lost: List[int], tasks) -> Dict[int, tuple]:
-        """How the ranks of ``tasks`` ended, by slot, from their worlds' state dirs.
-
-        A lost rank: its own evidence completed by its supervisor's record; a peer
-        (not yet seen dead): its own evidence only.
-        """
-        evidence, own = {}, {}
-        for task in tasks:
-            for slot_id in task.slots:
-                slot = self._mpi.slots[slot_id]
-                world = self._mpi.worlds.get(slot.world)
-                if world is None:
-                    continue
-                if world.id not in own:
-                    own[world.id] = world.taskdir.own_deaths()
-                recorded = own[world.id].get(slot.wrank)
-                death = (rank_death(recorded, world.taskdir.load_status(slot.pid))
-                         if slot_id in lost else recorded)
-                if death is not None:
-                    evidence[slot_id] = death
-        return evidence
 
     def _check_health(self) -> None:
         now = time.monotonic()
@@ -595,7 +576,7 @@ class PoolExecutor(Executor):
 
     # ------------------------------------------------------------------ blocked head
     def _unblock(self) -> None:
-        """The queue's head cannot run now: fail it if it never can; consolidate worlds if needed."""
+        """The queue's head cannot run now: fail it if it never can; consolidate if needed."""
         with self._lock:
             head = self._scheduler.head()
             sizes = self._scheduler.world_sizes()
