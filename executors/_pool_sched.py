@@ -1,4 +1,4 @@
-"""Placement for the pool: FIFO with bounded backfill, over rank slots grouped by MPI world.
+"""Placement for the pool: the kernel's FIFO-with-backfill queue over slots grouped by MPI world.
 
 A task's communicator must come from one MPI world, so a task fits only where one
 world has enough free slots (best fit: the world with the fewest free slots that
@@ -8,18 +8,22 @@ blocked head lets later tasks pass it at most ``max_bypass`` times.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
-from hetflow.executors.base import SlotScheduler
+from hetflow.executors.scheduler import SlotScheduler
 
 
 class PoolScheduler(SlotScheduler):
-    """Slots are global ids; ``world_of[slot]`` says which MPI world a slot belongs to."""
+    """Slots are global ids; ``world_of[slot]`` says which MPI world a slot belongs to.
 
-    def __init__(self, max_bypass: int = 16):
+    ``pinned_of(item)`` gives the exact slots a queued item must run on, or None.
+    """
+
+    def __init__(self, max_bypass: int = 16,
+                 pinned_of: Callable[[object], Optional[Sequence[int]]] = lambda item: None):
         super().__init__(0, max_bypass=max_bypass)
         self.world_of: Dict[int, int] = {}
-        self.free: List[int] = []
+        self.pinned_of = pinned_of
 
     # slots come and go with worlds (start, loss, replacement)
     def add_slot(self, slot: int, world: int) -> None:
@@ -33,9 +37,10 @@ class PoolScheduler(SlotScheduler):
         if slot in self.free:
             self.free.remove(slot)
 
-    def push_front(self, item, slots: int) -> None:
-        """Re-queue a task at the head (it was running and lost its ranks through no fault)."""
-        self.queue.appendleft([item, slots, 0])
+    def hold(self, slots: Iterable[int]) -> None:
+        """Take ``slots`` out of the free list without giving them to a task (a retiring world)."""
+        held = set(slots)
+        self.free = [s for s in self.free if s not in held]
 
     def world_sizes(self) -> Dict[int, int]:
         """Slots per world (busy or free)."""
@@ -57,19 +62,11 @@ class PoolScheduler(SlotScheduler):
         _, world = min(fits)
         return sorted(by_world[world])[:need]
 
-    def pop_ready(self, pinned_of=lambda item: None) -> List[Tuple[object, List[int]]]:
-        """Entries that can start now, as ``(item, slots)``; their slots are taken."""
-        def take(item, need):
-            slots = self.place(need, pinned_of(item))
-            if slots is not None:
-                self.free = [s for s in self.free if s not in slots]
-            return slots
-
-        return self.pop_ready_with(take)
-
-    def head(self):
-        """The first queued entry ``[item, need, bypassed]``, or None."""
-        return self.queue[0] if self.queue else None
+    def take(self, item, need: int) -> Optional[List[int]]:
+        slots = self.place(need, self.pinned_of(item))
+        if slots is not None:
+            self.hold(slots)
+        return slots
 
     def release(self, slots: Iterable[int]) -> None:
         self.free = sorted(set(self.free) | {s for s in slots if s in self.world_of})

@@ -20,13 +20,14 @@ the whole world ends; the supervisor lets the pool name the signal at once.
 from __future__ import annotations
 
 import os
-import pickle
 import socket
 import sys
 import threading
 import time
 
+from hetflow.executors import _pool_wire as wire
 from hetflow.executors._supervise import KILLED_EXIT, supervise
+from hetflow.executors.taskdir import TaskDir
 
 
 def gpu_devices(local_rank: int, gpus: int, gpus_per_rank: int) -> str:
@@ -83,7 +84,7 @@ def _control_loop(ctx, address: str, identity: bytes, real_exit, heartbeat_s: fl
     import zmq
 
     ctrl = ctx.socket(zmq.DEALER)
-    ctrl.setsockopt(zmq.IDENTITY, identity + b".c")
+    ctrl.setsockopt(zmq.IDENTITY, wire.control_identity(identity))
     ctrl.setsockopt(zmq.LINGER, 0)
     ctrl.connect(address)
     last_ack = time.monotonic()
@@ -91,11 +92,11 @@ def _control_loop(ctx, address: str, identity: bytes, real_exit, heartbeat_s: fl
     while True:
         now = time.monotonic()
         if now >= next_beat:          # one heartbeat per interval, however fast acks come
-            ctrl.send(b"H")
+            ctrl.send(wire.HEARTBEAT)
             next_beat = now + heartbeat_s
         if ctrl.poll(max(1, int((next_beat - now) * 1000))):
             msg = ctrl.recv()
-            if msg == b"K":
+            if msg == wire.KILL:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 real_exit(KILLED_EXIT)
@@ -108,7 +109,7 @@ def _control_loop(ctx, address: str, identity: bytes, real_exit, heartbeat_s: fl
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    address, world_id, statedir = argv[0], int(argv[1]), argv[2]
+    address, world_id, statedir = argv[0], int(argv[1]), TaskDir(argv[2])
     supervise(statedir)                    # from here on: the rank (the child)
     _bind(_local_rank())
     for entry in reversed(os.environ.get("HETFLOW_POOL_SYSPATH", "").split(os.pathsep)):
@@ -119,17 +120,16 @@ def main(argv=None) -> int:
     from mpi4py import MPI
 
     from hetflow import resident
-    from hetflow.executors._rank import record_deaths, run_on_rank
+    from hetflow.executors._rank import run_on_rank
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
-    real_exit = os._exit
-    os.makedirs(statedir, exist_ok=True)
-    record_deaths(statedir, rank)          # evidence if a task kills this process
+    real_exit = os._exit                   # the worker's own exits are not deaths to record
+    statedir.record_deaths(rank)           # evidence if a task kills this process
     resident._set_pool(os.environ.get("HETFLOW_POOL_UID", "pool"))
 
     ctx = zmq.Context()
-    identity = f"{world_id}.{rank}".encode()
+    identity = wire.identity(world_id, rank)
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, identity)
     sock.setsockopt(zmq.LINGER, 0)
@@ -141,22 +141,22 @@ def main(argv=None) -> int:
                      args=(ctx, address, identity, real_exit,
                            float(os.environ.get("HETFLOW_POOL_HEARTBEAT", "1.0")),
                            float(os.environ.get("HETFLOW_POOL_ORPHAN", "30")), client_pid)).start()
-    sock.send_multipart([b"R", pickle.dumps({
+    sock.send_multipart(wire.register_frames({
         "world": world_id, "rank": rank, "size": world.Get_size(), "pid": os.getpid(),
-        "supervisor": os.getppid(), "host": socket.gethostname()})])
+        "supervisor": os.getppid(), "host": socket.gethostname()}))
 
     comms = {}   # world ranks (ordered) -> communicator; cache policy decided by the client
     while True:
         frames = sock.recv_multipart(copy=False)
         kind = frames[0].bytes
-        if kind == b"X":
+        if kind == wire.EXIT:
             break
-        if kind == b"D":                    # drop a kept object (hetflow.resident.release)
+        if kind == wire.DROP:               # drop a kept object (hetflow.resident.release)
             resident._drop(frames[1].bytes.decode())
             continue
-        if kind != b"T":
+        if kind != wire.TASK:
             continue
-        task_id, ranks, slots, cache, cores_per_rank = pickle.loads(frames[1].bytes)
+        task_id, ranks, slots, cache, cores_per_rank = wire.read_task_header(frames[1].bytes)
         comm = comms.get(ranks)
         if comm is None:
             if len(ranks) == 1:
@@ -175,11 +175,8 @@ def main(argv=None) -> int:
             resident._leave_task()
         if not cache and comm is not MPI.COMM_SELF:
             comm.Free()
-        # The value is already pickled: send it as its own frame rather than pickle it again.
-        value, outcome.value = outcome.value, b""
-        sock.send_multipart([b"O", task_id.to_bytes(8, "little"),
-                             pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL), value],
-                            copy=len(value) < 65536)
+        copy = len(outcome.value) < wire.ZERO_COPY_BYTES
+        sock.send_multipart(wire.outcome_frames(task_id, outcome), copy=copy)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip MPI_Finalize: it may wait on peers that died; the launcher reaps us either way.

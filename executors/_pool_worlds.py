@@ -1,0 +1,256 @@
+"""The pool's MPI worlds and their ranks: launching, registering, liveness, retiring.
+
+A world is one ``mpiexec -n N`` (or launcher) job of pool workers; each of its
+ranks registers over ZeroMQ and becomes a *slot* (a global id: slots are never
+reused, so a late message from a lost rank cannot be mistaken for its
+replacement's). :class:`Worlds` is owned by the pool's broker thread; it knows
+processes and sockets, not tasks' fates (see ``_pool_faults``).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from hetflow.errors import LaunchError
+from hetflow.executors import _pool_wire as wire
+from hetflow.executors._pool_faults import rank_death
+from hetflow.executors.launch import ended, kill_tree, launcher_env, launcher_flavour
+from hetflow.executors.taskdir import TaskDir, private_dir
+from hetflow.executors.watch import EVIDENCE_GRACE_S
+
+
+@dataclass
+class Slot:
+    """One registered rank of a world."""
+
+    id: int
+    world: int
+    wrank: int
+    pid: int = 0
+    host: str = ""
+    identity: bytes = b""
+    alive: bool = True
+    task: Optional[int] = None           # the id of the task it runs, if any
+    last_seen: float = 0.0
+    core: Optional[int] = None
+    supervisor: int = 0                  # the rank's parent, which records how it ended
+    dead_since: Optional[float] = None   # when it was first seen dead (evidence grace)
+
+
+@dataclass
+class World:
+    """One MPI world: its launcher process and state dir (the ranks' death evidence)."""
+
+    id: int
+    size: int
+    proc: subprocess.Popen
+    taskdir: TaskDir
+    command: List[str]
+    slot_ids: Dict[int, int] = field(default_factory=dict)   # world rank -> slot
+    started: float = field(default_factory=time.monotonic)
+    retiring: bool = False
+    comm_keys: set = field(default_factory=set)
+    cores: List[int] = field(default_factory=list)   # core index by world rank (pinning)
+
+    @property
+    def stderr(self) -> str:
+        return self.taskdir.stderr
+
+    @property
+    def unregistered(self) -> int:
+        return self.size - len(self.slot_ids)
+
+
+class Worlds:
+    """Every world of one pool, and every slot of those worlds.
+
+    ``command(size)`` is the launcher prefix for ``size`` ranks (the worker's own
+    arguments are appended); ``env`` the ranks' environment; ``send(identity,
+    frames)`` sends on the pool's ROUTER (False when the peer is gone).
+    """
+
+    def __init__(self, root: str, endpoint: str, *, command: Callable[[int], List[str]],
+                 python: str, env: dict, pin: bool, mpiexec: Optional[str],
+                 send: Callable[..., bool], lost_after_s: float):
+        self.root = root
+        self.endpoint = endpoint
+        self.command = command
+        self.python = python
+        self.env = env
+        self.pin = pin
+        self.mpiexec = mpiexec
+        self.send = send
+        self.lost_after_s = lost_after_s
+        self.hostname = socket.gethostname()
+        self.worlds: Dict[int, World] = {}
+        self.slots: Dict[int, Slot] = {}
+        self.by_identity: Dict[bytes, int] = {}
+        self._next_world = 0
+        self._next_slot = 0
+
+    # ------------------------------------------------------------------ launching
+    def launch(self, size: int, cores: Sequence[int] = ()) -> World:
+        """Start a world of ``size`` ranks; ``cores`` are the core indices its ranks pin to."""
+        world_id = self._next_world
+        self._next_world += 1
+        taskdir = TaskDir(private_dir(os.path.join(self.root, f"world-{world_id}")))
+        cmd = self.command(size) + [self.python, "-m", "hetflow.executors._pool_worker",
+                                    self.endpoint, str(world_id), taskdir.path]
+        allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        env = {**self.env, "HETFLOW_POOL_CORES": ",".join(
+            str(allowed[c % len(allowed)]) for c in cores) if (self.pin and allowed and cores)
+            else ""}
+        env = launcher_env(self.mpiexec, env) if self.mpiexec else env
+        with open(taskdir.stdout, "wb") as out, open(taskdir.stderr, "wb") as err:
+            try:
+                proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=taskdir.path,
+                                        start_new_session=True)
+            except OSError as exc:
+                raise LaunchError(f"could not start the pool's MPI world: {exc}", command=cmd,
+                                  logs=[taskdir.stderr]) from exc
+        world = World(world_id, size, proc, taskdir, cmd, cores=list(cores))
+        self.worlds[world_id] = world
+        return world
+
+    def register(self, identity: bytes, info: dict) -> Optional[Slot]:
+        """A rank says hello: its new slot, or None (told to exit) if its world is not wanted."""
+        world = self.worlds.get(info["world"])
+        if world is None or world.retiring or info["rank"] in world.slot_ids:
+            self.send(identity, [wire.EXIT])
+            return None
+        slot = Slot(self._next_slot, world.id, info["rank"], info["pid"], info["host"], identity,
+                    last_seen=time.monotonic(), supervisor=info.get("supervisor", 0),
+                    core=world.cores[info["rank"] % len(world.cores)] if world.cores else None)
+        self._next_slot += 1
+        world.slot_ids[slot.wrank] = slot.id
+        self.slots[slot.id] = slot
+        self.by_identity[identity] = slot.id
+        return slot
+
+    def slot_of(self, identity: bytes) -> Optional[Slot]:
+        """The slot behind a main or control socket identity."""
+        slot_id = self.by_identity.get(wire.rank_identity(identity))
+        return self.slots.get(slot_id) if slot_id is not None else None
+
+    def slots_of(self, world: World) -> List[Slot]:
+        return [self.slots[s] for s in world.slot_ids.values()]
+
+    def starting(self) -> int:
+        """Ranks of live worlds that have not registered yet."""
+        return sum(w.unregistered for w in self.worlds.values() if not w.retiring)
+
+    # ------------------------------------------------------------------ liveness
+    def kill(self, slot: Slot) -> None:
+        """End a rank's process (MPI cannot interrupt a rank waiting in a collective)."""
+        if slot.host == self.hostname and slot.pid:
+            try:
+                os.kill(slot.pid, 9)
+            except ProcessLookupError:
+                pass
+        else:  # another node: the rank's control thread ends the process
+            self.send(wire.control_identity(slot.identity), [wire.KILL])
+
+    def dead(self, world: World, slot: Slot, now: float) -> bool:
+        """The rank is gone (and its supervisor had its moment to record how)."""
+        if slot.host == self.hostname and slot.pid:
+            if not ended(slot.pid):
+                return False
+        elif now - slot.last_seen < self.lost_after_s:
+            return False
+        return not self._awaiting_evidence(world, slot, now)
+
+    def _awaiting_evidence(self, world: World, slot: Slot, now: float) -> bool:
+        if slot.host != self.hostname or not slot.supervisor:
+            return False
+        if world.taskdir.load_status(slot.pid) is not None:
+            return False
+        if slot.dead_since is None:
+            slot.dead_since = now
+        if now - slot.dead_since >= EVIDENCE_GRACE_S:
+            return False
+        return not ended(slot.supervisor)
+
+    def evidence(self, tasks_slots, lost) -> Dict[int, Tuple[str, str]]:
+        """How ranks ended, by slot, from their worlds' state dirs, for the slots of each task.
+
+        A lost rank: its own evidence completed by its supervisor's record; a peer
+        not (yet) seen dead: its own evidence only.
+        """
+        evidence, own = {}, {}
+        for slots in tasks_slots:
+            for slot_id in slots:
+                slot = self.slots[slot_id]
+                world = self.worlds.get(slot.world)
+                if world is None:
+                    continue
+                if world.id not in own:
+                    own[world.id] = world.taskdir.own_deaths()
+                recorded = own[world.id].get(slot.wrank)
+                death = (rank_death(recorded, world.taskdir.load_status(slot.pid))
+                         if slot_id in lost else recorded)
+                if death is not None:
+                    evidence[slot_id] = death
+        return evidence
+
+    def overdue(self, world: World, now: float, timeout: float) -> bool:
+        """The world runs but has not registered all its ranks within ``timeout`` s."""
+        return world.unregistered > 0 and world.proc.poll() is None and \
+            now - world.started > timeout
+
+    # ------------------------------------------------------------------ retiring
+    def stop(self, world: World) -> None:
+        kill_tree(world.proc.pid)
+        world.proc.wait()
+
+    def drop(self, world: World) -> List[int]:
+        """Forget a world whose launcher ended (stopping what is left); its slot ids."""
+        self.stop(world)
+        self.worlds.pop(world.id, None)
+        return list(world.slot_ids.values())
+
+    def retire(self, world: World) -> List[int]:
+        """End a world whose ranks are all idle or dead (ask politely, then kill); its slot ids."""
+        for slot in self.slots_of(world):
+            if slot.alive:
+                self.send(slot.identity, [wire.EXIT])
+                slot.alive = False
+        try:
+            world.proc.wait(timeout=0.5)     # the broker must not stall: then kill what is left
+        except subprocess.TimeoutExpired:
+            pass
+        return self.drop(world)
+
+    def close(self, grace_s: float = 3.0) -> None:
+        """Ask every rank to exit, give the worlds ``grace_s`` to end, then kill them."""
+        for world in self.worlds.values():
+            for slot in self.slots_of(world):
+                if slot.alive:
+                    self.send(slot.identity, [wire.EXIT])
+        deadline = time.monotonic() + grace_s
+        for world in list(self.worlds.values()):
+            try:
+                world.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            self.stop(world)
+        self.worlds.clear()
+
+
+def launcher_prefix(size: int, *, launcher: Optional[Sequence[str]], mpiexec: Optional[str],
+                    mpiexec_args: Sequence[str], hostfile: Optional[str]) -> List[str]:
+    """The command that starts ``size`` ranks: ``launcher`` with ``{ranks}`` filled, or mpiexec."""
+    if launcher:
+        return [part.replace("{ranks}", str(size)) for part in launcher]
+    cmd = [mpiexec]
+    if launcher_flavour(mpiexec) == "mpich":
+        cmd.append("-disable-auto-cleanup")   # one rank's death must not end the world
+    elif size > (os.cpu_count() or 1):
+        cmd.append("--oversubscribe")
+    cmd += ["-n", str(size)]
+    if hostfile:
+        cmd += ["-f", hostfile]
+    return cmd + list(mpiexec_args)

@@ -1,0 +1,98 @@
+"""The pool's fault decision (``_pool_faults.settle_lost``) on plain data: no MPI, no processes.
+
+Slots are numbers; ``busy`` says which task each live slot runs; ``evidence`` is
+how a rank ended where something recorded it.
+"""
+from hetflow.executors._pool_faults import MAX_REQUEUES, RunningTask, rank_death, settle_lost
+
+
+def test_a_rank_that_died_fails_its_task_and_its_peers_are_stopped():
+    busy = {10: 1, 11: 1, 12: 1, 20: 2}
+    tasks = {1: RunningTask((10, 11, 12)), 2: RunningTask((20,))}
+    plan = settle_lost([11], busy, tasks, {11: ("called os._exit(3)", "")})
+    assert plan.fail == {1: {1: ("called os._exit(3)", "")}}
+    assert plan.dead == {1: [11]}
+    assert plan.stop == [10, 12]                    # they may wait in a collective forever
+    assert plan.lost == [11, 10, 12]                # one replacement world of 3 ranks
+    assert plan.requeue == [] and plan.forget == []  # task 2 elsewhere is untouched
+
+
+def test_a_death_nobody_recorded_is_still_a_death_when_not_collateral():
+    plan = settle_lost([5], {5: 7, 6: 7}, {7: RunningTask((6, 5))}, {})
+    assert plan.fail == {7: {1: ("died", "")}}
+    assert plan.stop == [6]
+
+
+def test_collateral_loss_requeues_and_stops_the_survivors():
+    busy = {0: 1, 1: 1, 2: 2}
+    tasks = {1: RunningTask((0, 1)), 2: RunningTask((2,))}
+    plan = settle_lost([0, 2], busy, tasks, {}, collateral=True)
+    assert sorted(plan.requeue) == [1, 2] and plan.fail == {}
+    assert plan.stop == [1]                          # task 1's rank that is still alive
+    assert sorted(plan.lost) == [0, 1, 2]
+
+
+def test_collateral_loss_requeues_up_to_max_requeues_then_fails():
+    busy = {0: 1}
+    for requeues in range(MAX_REQUEUES):
+        plan = settle_lost([0], busy, {1: RunningTask((0,), requeues=requeues)}, {},
+                           collateral=True)
+        assert plan.requeue == [1] and plan.fail == {}
+    plan = settle_lost([0], busy, {1: RunningTask((0,), requeues=MAX_REQUEUES)}, {},
+                       collateral=True)
+    assert plan.requeue == [] and plan.fail == {1: {}}   # no evidence: "died without reporting"
+
+
+def test_collateral_loss_with_death_evidence_fails_the_task_that_caused_it():
+    busy = {0: 1, 1: 1}
+    plan = settle_lost([0, 1], busy, {1: RunningTask((0, 1))},
+                       {1: ("was killed by signal 11", "")}, collateral=True)
+    assert plan.requeue == [] and plan.fail == {1: {1: ("was killed by signal 11", "")}}
+
+
+def test_a_peer_s_own_evidence_counts_even_when_it_is_not_yet_seen_dead():
+    busy = {0: 1, 1: 1}
+    plan = settle_lost([0], busy, {1: RunningTask((0, 1))}, {1: ("died (Fatal error)", "t")},
+                       collateral=True)
+    assert plan.fail == {1: {1: ("died (Fatal error)", "t")}} and plan.stop == [1]
+
+
+def test_the_blamed_task_is_not_failed_again_only_forgotten():
+    busy = {3: 9, 4: 9}
+    plan = settle_lost([3, 4], busy, {9: RunningTask((3, 4))}, {}, blame=9)
+    assert plan.forget == [9]
+    assert plan.fail == {} and plan.requeue == [] and plan.stop == []
+    assert plan.lost == [3, 4]
+
+
+def test_a_delivered_task_is_only_forgotten():
+    busy = {0: 4, 1: 4}
+    plan = settle_lost([0], busy, {4: RunningTask((0, 1), done=True)}, {0: ("died", "")})
+    assert plan.forget == [4]
+    assert plan.fail == {} and plan.requeue == [] and plan.stop == []   # its stuck peer waits
+    assert plan.lost == [0]                                              # for the peer grace
+
+
+def test_idle_ranks_are_only_replaced():
+    plan = settle_lost([7, 8, 7], {}, {}, {})
+    assert plan.lost == [7, 8]
+    assert plan.dead == {} and plan.fail == {} and plan.requeue == [] and plan.stop == []
+
+
+def test_two_tasks_hit_at_once_are_settled_each_on_its_own():
+    busy = {0: 1, 1: 1, 2: 2, 3: 2}
+    tasks = {1: RunningTask((0, 1)), 2: RunningTask((2, 3))}
+    plan = settle_lost([1, 2], busy, tasks, {1: ("called os._exit(1)", "")})
+    assert plan.fail == {1: {1: ("called os._exit(1)", "")}, 2: {0: ("died", "")}}
+    assert plan.stop == [0, 3]
+    assert sorted(plan.lost) == [0, 1, 2, 3]
+
+
+def test_rank_death_combines_own_evidence_with_the_supervisor_s_record():
+    assert rank_death(None, None) is None
+    assert rank_death(None, {"signal": 15}) == ("was killed by signal 15", "")
+    assert rank_death(None, {"exitcode": 3}) == ("exited with code 3", "")
+    assert rank_death(("called os._exit(3)", ""), {"exitcode": 3}) == ("called os._exit(3)", "")
+    assert rank_death(("died (Fatal Python error: Segmentation fault)", "stack"),
+                      {"signal": 11}) == (
+        "died (Fatal Python error: Segmentation fault), was killed by signal 11", "stack")
