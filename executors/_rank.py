@@ -145,12 +145,13 @@ def local_rank() -> int:
 
 
 def collect(outcomes: dict, task_id, resources: Resources, executor: str, *,
-            returncode: Optional[int] = None, stderr_tail: str = "", deaths: Optional[dict] = None):
+            returncode: Optional[int] = None, stderr_tail: str = "", deaths: Optional[dict] = None,
+            detail: str = ""):
     """The task's value from its ranks' outcomes, or the typed error that explains why not.
 
     A rank that raised beats a rank that vanished (ranks stopped because a peer
     failed are collateral); among vanished ranks, ``deaths`` (cause first, see
-    ``TaskDir.deaths``) names the cause.
+    ``TaskDir.deaths``) names the cause; ``detail`` ends a lost task's message.
     """
     from hetflow import errors
 
@@ -166,7 +167,7 @@ def collect(outcomes: dict, task_id, resources: Resources, executor: str, *,
     missing = [r for r in range(resources.ranks) if r not in outcomes]
     if missing:
         raise errors.rank_lost(task_id, executor, resources.ranks, missing, deaths, returncode,
-                               stderr_tail)
+                               stderr_tail, detail)
     if resources.returns == "all":
         return [outcomes[r].load_value() for r in range(resources.ranks)]
     return outcomes[0].load_value()

@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from typing import Callable, List, Optional, Sequence
 
 import psutil

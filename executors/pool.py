@@ -49,7 +49,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from hetflow.errors import ConfigError, ExecutorBroken, LaunchError, ResourcesUnavailable, TaskLost
+from hetflow import errors
+from hetflow.errors import ConfigError, ExecutorBroken, LaunchError, ResourcesUnavailable
 from hetflow.executors import _pool_wire as wire
 from hetflow.executors._pool_faults import RunningTask, settle_lost
 from hetflow.executors._pool_sched import PoolScheduler
@@ -443,12 +444,12 @@ class PoolExecutor(Executor):
         """Deliver the task's result from its ranks' outcomes (``lost``: the ranks it lost)."""
         run: _Run = task.handle
         value, error = None, None
+        detail = f"; lost {lost}; the pool replaces the lost rank(s)" if lost else ""
         try:
-            value = collect(run.outcomes, task.id, task.resources, self.label, deaths=deaths)
+            value = collect(run.outcomes, task.id, task.resources, self.label, deaths=deaths,
+                            detail=detail)
         except BaseException as exc:  # noqa: BLE001 - the task's typed error
             error = exc
-        if lost and isinstance(error, TaskLost):
-            error.args = (f"{error.args[0]}; lost {lost}; the pool replaces the lost rank(s)",)
         self._finish(task, value, error, root=run.outcomes.get(0), release=False)
 
     def _forget(self, task: Task) -> None:
@@ -590,10 +591,8 @@ class PoolExecutor(Executor):
                 with self._lock:
                     queued = self._scheduler.remove(task)
                 if queued:
-                    self._finish(task, error=TaskLost(
-                        f"task {task.id} ({self.label}): its resident data lived on pool slot(s) "
-                        f"{lost}, which were lost (rank died or the pool restarted); re-create it",
-                        rank=pinned.index(lost[0]), task_id=task.id))
+                    self._finish(task, error=errors.resident_lost(task.id, self.label, pinned,
+                                                                  lost))
             return
         if max(sizes.values(), default=0) >= need or self._mpi.starting():
             return

@@ -168,8 +168,9 @@ def rank_raised(task_id, executor: str, ranks: int, outcome, exception) -> TaskF
 
 
 def rank_lost(task_id, executor: str, ranks: int, missing, deaths, returncode=None,
-              stderr_tail: str = "") -> TaskLost:
-    """Ranks ``missing`` never reported; ``deaths`` (cause first) says how, where known."""
+              stderr_tail: str = "", detail: str = "") -> TaskLost:
+    """Ranks ``missing`` never reported; ``deaths`` (cause first) says how, where known;
+    ``detail`` says what the runtime did about it."""
     import re
 
     signal = -returncode if returncode is not None and returncode < 0 else None
@@ -191,5 +192,12 @@ def rank_lost(task_id, executor: str, ranks: int, missing, deaths, returncode=No
         rank, text = missing[0], ""
         message = (f"task {task_id} ({executor}): rank(s) {list(missing)} of {ranks} "
                    f"died without reporting ({how})")
-    return TaskLost(message, rank=rank, exitcode=returncode, signal=signal,
+    return TaskLost(message + detail, rank=rank, exitcode=returncode, signal=signal,
                     stderr_tail=stderr_tail, task_id=task_id, remote_traceback=text or None)
+
+
+def resident_lost(task_id, executor: str, slots, lost) -> TaskLost:
+    """A task's resident data lived on ranks (``slots``) of which ``lost`` are gone."""
+    return TaskLost(f"task {task_id} ({executor}): its resident data lived on pool slot(s) "
+                    f"{list(lost)}, which were lost (rank died or the pool restarted); re-create it",
+                    rank=list(slots).index(lost[0]), task_id=task_id)
