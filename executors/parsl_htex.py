@@ -39,7 +39,8 @@ from parsl.launchers import SimpleLauncher
 from parsl.providers import LocalProvider
 
 from hetflow._guardian import start_ticks
-from hetflow.errors import ConfigError, LaunchError, TaskLost
+from hetflow import errors
+from hetflow.errors import ConfigError, LaunchError
 from hetflow.executors._parsl_worker import RANK_TMPDIR, run_mpi_task
 from hetflow.executors.kernel import Executor, Task
 from hetflow.executors.launch import kill_tree
@@ -227,10 +228,7 @@ class ParslMPIExecutor(Executor, MPIExecutor):
         if job.failed_early:                # delivered by _stop: only the slots are left
             self._release(task.slots)
         elif isinstance(report, BaseException):
-            lost = TaskLost(f"task {task.id} ({self.label}): the Parsl worker running it was "
-                            f"lost ({type(report).__name__}: {report})", task_id=task.id)
-            lost.__cause__ = report
-            self._finish(task, error=lost)
+            self._finish(task, error=errors.worker_lost(task.id, self.label, report))
         elif report["status"] == "launch_error":
             self._finish(task, error=LaunchError(f"task {task.id} ({self.label}): "
                                                  f"{report['error']}", command=report["command"],

@@ -196,6 +196,14 @@ def rank_lost(task_id, executor: str, ranks: int, missing, deaths, returncode=No
                     stderr_tail=stderr_tail, task_id=task_id, remote_traceback=text or None)
 
 
+def worker_lost(task_id, executor: str, cause: BaseException) -> TaskLost:
+    """The worker (or pilot process) running the task was lost; ``cause`` is what said so."""
+    error = TaskLost(f"task {task_id} ({executor}): the worker running it was lost "
+                     f"({type(cause).__name__}: {cause})", task_id=task_id)
+    error.__cause__ = cause
+    return error
+
+
 def resident_lost(task_id, executor: str, slots, lost) -> TaskLost:
     """A task's resident data lived on ranks (``slots``) of which ``lost`` are gone."""
     return TaskLost(f"task {task_id} ({executor}): its resident data lived on pool slot(s) "
