@@ -18,6 +18,7 @@ import shlex
 import shutil
 import socket
 import sys
+import time
 from typing import List, Optional
 
 from hetflow._guardian import start_ticks
@@ -90,11 +91,13 @@ def run_mpi_task(payload: bytes, resources: dict, sys_path: List[str], taskdir: 
                        on_vanished=lambda: watch.after(PEER_GRACE_S, launch.kill))
     report.update(command=launch.command, logs=[tdir.stdout, tdir.stderr])
     try:
+        launched = time.time()
         launch.start()
         # The client kills this tree if the worker itself is lost (the launcher runs in
         # its own session, so it would outlive the worker); with the manager lost, also
         # the worker pool's group, whose workers outlive it blocked on dead pipes.
         tdir.write_launcher({"host": socket.gethostname(), "pid": launch.proc.pid,
+                             "launched": launched,
                              "start_ticks": start_ticks(launch.proc.pid),
                              "worker": os.getpid(), "block_pgid": os.getpgid(0)})
         returncode = None

@@ -94,6 +94,10 @@ class Executor(ParslExecutor):
     """The kernel every hetflow runtime builds on (see the module docstring for the hooks)."""
 
     unsupported: Dict[str, str] = {}
+    #: True for a runtime whose tasks may wait after ``_start`` (a remote worker starting):
+    #: it calls :meth:`_launched` when the task's processes start, and the walltime counts
+    #: from there. Otherwise the task counts as launched when ``_start`` is called.
+    reports_launch: bool = False
 
     def __init__(self, label: str, *, max_ranks: Optional[int] = None,
                  gpus: Optional[int] = None, max_bypass: int = 16, **parsl_options):
@@ -277,6 +281,15 @@ class Executor(ParslExecutor):
             self._scheduler.push_front(task, self._slots_needed(task.resources))
             self._kick()
 
+    def _launched(self, task: Task, at: Optional[float] = None) -> None:
+        """The task's processes started (``at``, a ``time.time()``; default now): stamp
+        ``launched`` and arm its walltime from then."""
+        task.times.launched = time.time() if at is None else at
+        if task.resources.walltime is not None and not task.done:
+            left = task.resources.walltime - (time.time() - task.times.launched)
+            task.deadline = self._watch.after(max(0.0, left), lambda: self._halt(
+                task, errors.walltime_exceeded(task.id, self.label, task.resources.walltime)))
+
     def _halt(self, task: Task, error: Optional[BaseException]) -> None:
         """Decide ``task``'s verdict (if given and none yet) and have the runtime stop it."""
         if error is not None and task.error is None:
@@ -302,12 +315,9 @@ class Executor(ParslExecutor):
                 head = self._scheduler.head()
                 for task, slots in ready:
                     task.slots, task.state = list(slots), TaskState.EXECUTING
-                    task.times.launched = time.time()
             for task, _ in ready:
-                walltime = task.resources.walltime
-                if walltime is not None:
-                    task.deadline = self._watch.after(walltime, lambda t=task: self._halt(
-                        t, errors.walltime_exceeded(t.id, self.label, t.resources.walltime)))
+                if not self.reports_launch:
+                    self._launched(task)
                 try:
                     self._start(task)
                 except BaseException as exc:  # noqa: BLE001 - the future must learn of it

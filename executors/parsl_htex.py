@@ -41,7 +41,7 @@ from parsl.providers import LocalProvider
 from hetflow._guardian import start_ticks
 from hetflow import errors
 from hetflow.errors import ConfigError, LaunchError
-from hetflow.executors._parsl_worker import RANK_TMPDIR, run_mpi_task
+from hetflow.executors._parsl_worker import POLL_S, RANK_TMPDIR, run_mpi_task
 from hetflow.executors.kernel import Executor, Task
 from hetflow.executors.launch import kill_tree
 from hetflow.executors.taskdir import TaskDir
@@ -109,6 +109,10 @@ class ParslMPIExecutor(Executor, MPIExecutor):
     ``shutdown`` are the executor's, and HTEX's own are called by name to carry
     tasks to the workers.
     """
+
+    #: A handed-over task may wait for the worker pool to start: its walltime counts from
+    #: the worker's launch (see _await_launch).
+    reports_launch = True
 
     def __init__(self, label: str = "parsl", *, max_ranks: Optional[int] = None,
                  gpus: Optional[int] = None, python: Optional[str] = None,
@@ -194,6 +198,18 @@ class ParslMPIExecutor(Executor, MPIExecutor):
                                    self.client_sys_path(), task.handle.taskdir.path,
                                    self.python)
         inner.add_done_callback(functools.partial(self._ended, task))
+        self._await_launch(task)
+
+    def _await_launch(self, task: Task) -> None:
+        """Tell the kernel when the worker has launched the task (its ``launcher.json``), so
+        the walltime counts from there, not from a worker pool still starting."""
+        if task.done or task.handle.ended:
+            return
+        info = task.handle.taskdir.read_launcher()
+        if info is not None:
+            self._launched(task, at=info.get("launched"))
+        else:
+            self._watch.after(POLL_S, lambda: self._await_launch(task))
 
     def _stop(self, task: Task, error) -> None:
         """Leave the cancel marker the worker polls for; at shutdown also kill the job.
@@ -218,6 +234,10 @@ class ParslMPIExecutor(Executor, MPIExecutor):
     def _ended(self, task: Task, inner: Future) -> None:
         """HTEX's future is done: deliver the worker's report (or its loss)."""
         job: _Job = task.handle
+        if task.deadline is None:           # ended before _await_launch saw the launch
+            info = job.taskdir.read_launcher()
+            if info is not None:
+                task.times.launched = info.get("launched", task.times.launched)
         with self._lock:                    # decided once against _stop's early failure
             job.ended = not job.failed_early
         try:
