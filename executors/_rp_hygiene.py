@@ -63,15 +63,17 @@ def session_processes(base: str) -> List[psutil.Process]:
     """
     found = []
     me = os.getpid()
-    for proc in psutil.process_iter(["pid", "cwd", "status"]):
+    # Attributes are read one process at a time: one that exits meanwhile can surface as
+    # a bare FileNotFoundError from /proc, which inside process_iter would end the scan.
+    for proc in psutil.process_iter():
         try:
-            if proc.info["pid"] == me or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            if proc.pid == me or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
-            cwd = proc.info["cwd"] or ""
+            cwd = proc.cwd() or ""
             if cwd == base or cwd.startswith(base + os.sep) or \
                     (proc.environ().get("RADICAL_PILOT_BASE") or "").startswith(base):
                 found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        except (psutil.Error, OSError):
             pass
     return found
 
@@ -83,7 +85,7 @@ def end_leftovers(base: str) -> None:
         try:
             if proc.status() != psutil.STATUS_ZOMBIE:
                 kill_tree(proc.pid)
-        except psutil.NoSuchProcess:
+        except (psutil.Error, OSError):    # it ended meanwhile
             pass
 
 

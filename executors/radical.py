@@ -515,19 +515,18 @@ def _launcher_of(pids: Dict[int, int]) -> Optional[int]:
             for parent in psutil.Process(pid).parents():
                 if parent.name().startswith("mpiexec"):
                     return parent.pid
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             continue
     return None
 
 
 def kill_tree_of(taskdir: str) -> None:
     """SIGKILL the ranks of an executable task (their command line ends in ``taskdir``)."""
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in psutil.process_iter():
         try:
-            if (proc.info["cmdline"] or [""])[-1] == taskdir:
-                root = _launcher_of({0: proc.pid}) or proc.pid
-                kill_tree(root)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            if (proc.cmdline() or [""])[-1] == taskdir:
+                kill_tree(_launcher_of({0: proc.pid}) or proc.pid)
+        except (psutil.Error, OSError):    # it ended meanwhile
             pass
 
 
