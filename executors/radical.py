@@ -41,7 +41,6 @@ from typing import Dict, Optional
 
 import psutil
 
-from hetflow import errors
 from hetflow.errors import ConfigError, ExecutorBroken, LaunchError
 from hetflow.executors._rank import TaskPayload
 from hetflow.executors._rp_hygiene import (end_leftovers, import_rp, release_client_handles,
@@ -262,6 +261,7 @@ class RadicalExecutor(Executor):
 
     # ------------------------------------------------------------------ starting tasks
     def _start(self, task: Task) -> None:
+        """Submit ``task`` to RP (first run, or again after its worker was recycled)."""
         if task.handle is None:
             path = "exec" if self.mode == "exec" or (self.mode == "auto"
                                                      and task.resources.walltime) else "raptor"
@@ -415,6 +415,8 @@ class RadicalExecutor(Executor):
         return False
 
     def _stop(self, task: Task, error: Optional[BaseException]) -> None:
+        """A RAPTOR task takes its worker down (see :meth:`_recycle`); an executable
+        task is cancelled in RP and its ranks killed."""
         handle: Optional[_InPilot] = task.handle
         if handle is None:
             return           # not submitted yet: _start sees task.error and stops it
@@ -452,24 +454,18 @@ class RadicalExecutor(Executor):
         if root is not None:
             kill_tree(root)
         self._worker_root = None
-        restarted = None
-        if not self._stopping:
+        if not self._stopping:       # (at shutdown the kernel fails the neighbours)
             try:
                 self._start_worker()
-                restarted = True
             except Exception as exc:  # noqa: BLE001 - the neighbours must learn of it
-                restarted = exc
-        with self._lock:     # atomically: the freed slots go to the neighbours first
-            for t in neighbours:
-                if restarted is True:
-                    t.handle.taskdir.clear()
-                    self._release(t.slots)
-                    self._requeue(t)
-        if restarted is not True:
-            for t in neighbours:
-                self._finish(t, error=ExecutorBroken(
-                    f"RAPTOR worker could not restart: {restarted}") if restarted
-                    else errors.shut_down(t.id, self.label))
+                for t in neighbours:
+                    self._finish(t, error=ExecutorBroken(f"RAPTOR worker could not restart: "
+                                                         f"{exc}"))
+            else:
+                with self._lock:     # atomically: the freed slots go to the neighbours first
+                    for t in neighbours:
+                        self._release(t.slots)
+                        self._requeue(t)
         self._complete(task, task.handle.taskdir.outcomes(), deaths=deaths,
                        stderr_tail=_WORKER_LOST)
 
