@@ -214,7 +214,7 @@ def local_rank() -> int:
     return 0
 
 
-def collect(outcomes: dict, task_id, resources: "Resources", executor: str, *,
+def collect(outcomes: dict, task_id, resources, executor: str, *,
             returncode: int | None = None, stderr_tail: str = "", deaths: dict | None = None,
             detail: str = ""):
     """The task's value from its ranks' outcomes, or the typed error that explains why not.
