@@ -1,6 +1,6 @@
 """Benchmark: hetflow's engine on R ranks vs single-process pyarrow, polars and duckdb.
 
-    python -m experiments.bench_engine [--rows 5000000] [--ranks 2] [--repeats 5]
+    python -m hetflow.experiments.bench_engine [--rows 5000000] [--ranks 2] [--repeats 5]
 
 Data: two tables (left, right) of ``--rows`` rows each, two int64 columns, keys uniform in
 [0, 0.9 * rows) (the Radical-Cylon paper's data), built by :func:`hetflow.frame.generate` on the
@@ -172,7 +172,7 @@ def _mpiexec() -> str:
 def hetflow_run(op: str, args) -> dict:
     with tempfile.TemporaryDirectory(prefix="hetflow-bench-") as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd = [_mpiexec(), "-n", str(args.ranks), sys.executable, "-m", "experiments.bench_engine",
+        cmd = [_mpiexec(), "-n", str(args.ranks), sys.executable, "-m", "hetflow.experiments.bench_engine",
                "--worker", "--op", op, "--rows", str(args.rows), "--unique", str(args.unique),
                "--repeats", str(args.repeats), "--out", out]
         subprocess.run(cmd, check=True, timeout=args.timeout)

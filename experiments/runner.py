@@ -20,9 +20,9 @@ import time
 import uuid
 from typing import Callable, List, Optional
 
-from experiments import protocol
-from experiments.config import ExperimentConfig
-from experiments.env import host_info, library_versions
+from hetflow.experiments import protocol
+from hetflow.experiments.config import ExperimentConfig
+from hetflow.experiments.env import host_info, library_versions
 
 #: The executor name of the bare baseline: ``mpiexec -n R python ...`` with no hetflow runtime.
 BARE = "mpiexec"
@@ -244,7 +244,7 @@ def _bare_overhead(cfg, rec, progress) -> None:
                         args = {"op": op, "rows_per_rank": rows, "iterations": cfg.iterations,
                                 "unique": cfg.unique}
                         cmd = mpiexec_command(mpiexec, ranks)[:-2] + [
-                            "-m", "experiments.protocol", json.dumps(args)]
+                            "-m", "hetflow.experiments.protocol", json.dumps(args)]
                         note = f"{BARE} ranks={ranks} {op} rows/rank={rows:,}"
                         try:
                             report, wall = _subprocess_report(cmd, env)
@@ -366,7 +366,7 @@ def run_peers(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
                                 "iterations": cfg.iterations}
                         try:
                             report, _ = _subprocess_report(
-                                [sys.executable, "-m", "experiments.peers", json.dumps(args)],
+                                [sys.executable, "-m", "hetflow.experiments.peers", json.dumps(args)],
                                 dict(os.environ))
                         except Exception as exc:  # noqa: BLE001
                             rec.write(kind="error", experiment=cfg.name, executor=engine,

@@ -18,8 +18,8 @@ import sys
 
 import pytest
 
-from experiments import config as configs
-from experiments.report import load_rows, latest_runs
+from hetflow.experiments import config as configs
+from hetflow.experiments.report import load_rows, latest_runs
 
 HETFLOW = [sys.executable, "-m", "hetflow"]
 EXPERIMENTS = ("weak", "strong", "overhead", "pilot", "peers")
