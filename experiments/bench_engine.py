@@ -237,8 +237,8 @@ def main(argv=None) -> int:
                   f"{m['peak_rss_mib']:>9.1f} {m['peak_rss_mib'] / m['partition_mib']:>10.2f} "
                   f"{(m['peak_rss_mib'] - m['base_rss_mib']) / m['partition_mib']:>17.2f}")
     print("\nbase RSS = interpreter with pyarrow, mpi4py and the engine loaded (after a 1,000-row "
-          "warm-up), before any data; peak RSS = highest RSS during the timed operations; targets: join <= 1.0x "
-          "polars, sort <= 1.5x polars, (peak-base)/partition < 3")
+          "warm-up), before any data; peak RSS = highest RSS during the timed operations; "
+          "targets: join <= 1.0x polars, sort <= 1.5x polars, (peak-base)/partition < 3")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "results": rows,

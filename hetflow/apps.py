@@ -112,7 +112,7 @@ def _check_picklable(name: str, args, kwargs) -> None:
             continue
         try:
             cloudpickle.dumps(value)
-        except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's input
+        except Exception as exc:  # any pickling failure is the user's input (re-raised)
             where = f"argument {i}" if i < len(args) else f"keyword {list(kwargs)[i - len(args)]!r}"
             raise ConfigError(f"{where} of MPI app {name!r} cannot be pickled "
                               f"({type(exc).__name__}: {exc})") from exc

@@ -82,7 +82,7 @@ def run_mpi(source: str, n: int, *, timeout: float = 120, args=(),
             os.killpg(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
             raise AssertionError(f"mpiexec -n {n} timed out after {timeout}s\nstdout:\n{stdout}\n"
-                                 f"stderr:\n{stderr}")
+                                 f"stderr:\n{stderr}") from None
         reports = {}
         for name in os.listdir(work):
             if name.startswith("rank-") and name.endswith(".pkl"):

@@ -8,7 +8,6 @@ identical from the results file alone.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -103,7 +102,7 @@ def test_report_tables_match_results(quick_run):
     for section, header, body in _tables(report):  # each section's first table is its results
         tables.setdefault(section, (header, body))
     assert set(tables) == set(EXPERIMENTS)
-    for section, (header, body) in tables.items():
+    for header, body in tables.values():
         for row in body:
             assert len(row) == len(header)
             assert all(cell and cell.lower() != "nan" for cell in row), row

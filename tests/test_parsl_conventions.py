@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @parsl.python_app
-def plain(x, parsl_resource_specification={}):
+def plain(x, parsl_resource_specification=None):
     return x + 1
 
 
