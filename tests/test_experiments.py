@@ -84,6 +84,7 @@ def test_quick_run_writes_results_and_report(quick_run):
     # Progress: one line per experiment on a non-terminal, not one per rank or task.
     progress = [line for line in proc.stderr.splitlines() if line.startswith("[")]
     assert [p.split("]")[0][1:] for p in progress] == list(EXPERIMENTS), proc.stderr[-2000:]
+    assert "\r" not in proc.stderr and "waiting for" not in proc.stderr   # no live progress
     # The join's row count is a property of the data: the peers, reading the partitions the
     # 2-rank hetflow run wrote, must find exactly as many matches as the distributed join.
     peers = [r for r in runs["peers"] if r["kind"] == "task" and r["op"] == "join"]
