@@ -1,25 +1,65 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PYTEST := cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --rootdir=.. -c ../pyproject.toml
+UV := $(VENV)/bin/uv
+PYTEST = cd tests && ../$(1)/bin/python -m pytest -q -p no:cacheprovider --rootdir=.. -c ../pyproject.toml
+# The engine and parity tests, run again on the lowest declared versions and on Open MPI.
+ENGINE_TESTS := test_frame_join.py test_frame_sort.py test_frame_ops.py test_frame_errors.py
+LOWEST ?= .venv-lowest
+OPENMPI ?= .venv-openmpi
+OMPI_MPIEXEC ?= /usr/bin/mpiexec.openmpi
 
-.PHONY: demo test
+.PHONY: demo test test-main test-lowest test-openmpi openmpi
 
 $(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# Install and run the main job on the embedded default (this machine, bare mpirun).
+$(UV): $(PY)
+	$(PY) -m pip install -q uv
+
+# Install and run the main job on the embedded default (this machine, bare mpirun, the
+# mpich wheel's MPI).
 demo: $(PY)
-	$(PY) -m pip install -q '.[test]'
+	$(PY) -m pip install -q '.[mpich]'
 	$(VENV)/bin/hetflow demo
+
+# Everything CI runs (.ci/run): the whole suite, then the lowest declared versions, then
+# Open MPI as a second MPI.
+test: test-main test-lowest test-openmpi
 
 # The whole suite on a plain install (checked to be the one imported: the tests must not
 # pass by reading the source tree), then the executor-parity and fault suites again on an
 # editable install (the remapped hetflow.executors package must import both ways).
-test: $(PY)
+test-main: $(PY)
 	$(PY) -m pip install -q '.[test]'
 	cd tests && ../$(PY) -c "import hetflow.executors.mpirun as m; assert 'site-packages' in m.__file__, m.__file__"
-	$(PYTEST)
+	$(call PYTEST,$(VENV)) --durations=25
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -c "import hetflow.executors.mpirun as m, os; assert os.path.dirname(m.__file__) == os.path.abspath('executors'), m.__file__"
-	$(PYTEST) test_parity.py test_faults.py -k "mpirun or pool"
+	$(call PYTEST,$(VENV)) test_parity.py test_faults.py -k "mpirun or pool"
+
+# The declared floors are tested: every direct dependency at the lowest version
+# pyproject.toml allows (pyarrow, numpy, parsl, mpi4py, ...), engine and parity tests.
+test-lowest: $(UV)
+	rm -rf $(LOWEST)
+	$(UV) venv -q --python $(PY) $(LOWEST)
+	$(UV) pip install -q --python $(LOWEST)/bin/python --resolution lowest-direct '.[mpich,testing]'
+	$(LOWEST)/bin/python -c "import numpy, pyarrow; print('lowest: numpy', numpy.__version__, 'pyarrow', pyarrow.__version__)"
+	$(call PYTEST,$(LOWEST)) $(ENGINE_TESTS) test_parity.py -k "not (parsl or radical)"
+
+# Debian's Open MPI (as root, as CI runs): the site-MPI case, no MPI wheel.
+openmpi:
+	command -v $(OMPI_MPIEXEC) >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev; }
+
+# The parity and fault suites on Open MPI: a venv without the mpich wheel, mpi4py's binary
+# wheel loading Debian's libmpi, HETFLOW_MPIEXEC naming the site's launcher. (The parsl
+# runtime needs a Hydra launcher: Parsl's $PARSL_MPI_PREFIX uses MPICH's flags.)
+test-openmpi: openmpi $(UV)
+	rm -rf $(OPENMPI)
+	$(UV) venv -q --python $(PY) $(OPENMPI)
+	$(UV) pip install -q --python $(OPENMPI)/bin/python '.[testing]'
+	test ! -e $(OPENMPI)/bin/mpiexec
+	HETFLOW_MPIEXEC=$(OMPI_MPIEXEC) OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	  $(OMPI_MPIEXEC) -n 1 $(OPENMPI)/bin/python -c "from mpi4py import MPI; v = MPI.Get_library_version(); print(v.splitlines()[0]); assert 'Open MPI' in v"
+	export HETFLOW_MPIEXEC=$(OMPI_MPIEXEC); $(call PYTEST,$(OPENMPI)) test_parity.py test_faults.py -k "mpirun or pool"

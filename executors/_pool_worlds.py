@@ -248,8 +248,10 @@ def launcher_prefix(size: int, *, launcher: Optional[Sequence[str]], mpiexec: Op
     cmd = [mpiexec]
     if launcher_flavour(mpiexec) == "mpich":
         cmd.append("-disable-auto-cleanup")   # one rank's death must not end the world
-    elif size > (os.cpu_count() or 1):
-        cmd.append("--oversubscribe")
+    else:
+        cmd.append("--enable-recovery")       # Open MPI's way of the same
+        if size > (os.cpu_count() or 1):
+            cmd.append("--oversubscribe")
     cmd += ["-n", str(size)]
     if hostfile:
         cmd += ["-f", hostfile]

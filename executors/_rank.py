@@ -186,7 +186,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
         with task_comm(user_comm):
             value = payload.func(*payload.args, **payload.kwargs)
         finished = time.time()
-    except BaseException as exc:  # noqa: BLE001 - SystemExit on a rank is a task failure too
+    except BaseException as exc:  # SystemExit on a rank is a task failure too
         outcome = _error_outcome(rank, exc, started, time.time())
         if keep_exception:
             outcome.original = exc
@@ -231,7 +231,7 @@ def collect(outcomes: dict, task_id, resources, executor: str, *,
         try:
             exception = first.original or (pickle.loads(first.exception) if first.exception
                                             else None)
-        except Exception:  # noqa: BLE001 - its class may not exist here: keep the text
+        except Exception:  # its class may not exist here: keep the text
             exception = None
         raise errors.rank_raised(task_id, executor, resources.ranks, first, exception)
     missing = [r for r in range(resources.ranks) if r not in outcomes]

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Protocol, runtime_checkable
 
 from parsl.executors.base import ParslExecutor
+from parsl.executors.errors import InvalidResourceSpecification
 
 from hetflow import errors
 from hetflow.errors import ConfigError, ExecutorBroken, NotSupported, ResourcesUnavailable
@@ -46,6 +47,40 @@ from hetflow.executors.scheduler import SlotScheduler
 from hetflow.executors.watch import Deadline, Watch
 from hetflow.spec import Resources, machine_gpus
 from hetflow.tasks import TaskState, TaskTimes
+
+
+class InvalidResourceSpec(ConfigError, InvalidResourceSpecification):
+    """A ``parsl_resource_specification`` hetflow cannot read: another executor's keys, or
+    hetflow's own with bad values.
+
+    It is both a hetflow :class:`~hetflow.ConfigError` and Parsl's
+    ``InvalidResourceSpecification``, so code written for either catches it. It lives
+    here, where Parsl is imported anyway: ranks import ``hetflow.errors`` and must not
+    pay for Parsl.
+    """
+
+    def __init__(self, message: str, invalid_keys=()):
+        ConfigError.__init__(self, message)
+        self.message = message
+        self.invalid_keys = set(invalid_keys)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.invalid_keys))
+
+
+def read_resources(spec) -> Resources:
+    """``Resources`` from a task's ``parsl_resource_specification``, or InvalidResourceSpec."""
+    try:
+        return Resources.from_spec(spec)
+    except (ConfigError, TypeError) as exc:
+        try:
+            keys = set(spec)
+        except TypeError:   # not a mapping at all
+            keys = {type(spec).__name__}
+        raise InvalidResourceSpec(str(exc), keys) from exc
 
 
 @runtime_checkable
@@ -156,7 +191,7 @@ class Executor(ParslExecutor):
     def submit(self, func, resource_specification, *args, **kwargs) -> Future:
         if self._stopping:
             raise ExecutorBroken(f"executor {self.label!r} is shut down")
-        resources = Resources.from_spec(resource_specification)
+        resources = read_resources(resource_specification)
         self.check_resources(resources)
         future: Future = Future()
         task_id = next(self._ids)

@@ -23,7 +23,14 @@ from hetflow.executors.watch import POLL_S
 
 
 def default_mpiexec() -> str:
-    """The launcher next to this interpreter (the mpich wheel's), else the one on PATH."""
+    """``$HETFLOW_MPIEXEC`` (a site's launcher), else the launcher next to this interpreter
+    (the mpich wheel's), else the one on PATH."""
+    chosen = os.environ.get("HETFLOW_MPIEXEC")
+    if chosen:
+        found = shutil.which(chosen)
+        if not found:
+            raise LaunchError(f"HETFLOW_MPIEXEC={chosen!r} is not an executable")
+        return found
     local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     if os.path.exists(local):
         return local

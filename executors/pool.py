@@ -57,6 +57,7 @@ from hetflow.executors._pool_sched import PoolScheduler
 from hetflow.executors._pool_worlds import Slot, World, Worlds, launcher_prefix
 from hetflow.executors._rank import collect
 from hetflow.executors.kernel import Executor, Task
+from hetflow._progress import waiting
 from hetflow.executors.launch import default_mpiexec, tail
 from hetflow.executors.watch import PEER_GRACE_S
 from hetflow.resident import find_handles
@@ -177,7 +178,9 @@ class PoolExecutor(Executor):
         self._mpi.launch(self.max_ranks, cores=list(range(self.max_ranks)))
         self._thread = threading.Thread(target=self._loop, name=f"{self.label}-broker", daemon=True)
         self._thread.start()
-        if not self._ready.wait(self.start_timeout) or self._broken:
+        with waiting("the pool's ranks to register"):
+            ready = self._ready.wait(self.start_timeout)
+        if not ready or self._broken:
             why = self._broken or (f"not all {self.max_ranks} ranks registered in "
                                    f"{self.start_timeout} s")
             world = self._mpi.worlds.get(0)
@@ -306,7 +309,7 @@ class PoolExecutor(Executor):
                 if now >= next_check:
                     self._check_health()
                     next_check = now + (0.2 if busy else 1.0)
-        except BaseException as exc:  # noqa: BLE001 - a dead broker must fail every future
+        except BaseException as exc:  # a dead broker must fail every future (logged)
             logger.exception("pool broker crashed")
             self._broken = f"broker thread crashed: {type(exc).__name__}: {exc}"
             self._ready.set()

@@ -41,6 +41,7 @@ from typing import Dict, Optional
 
 import psutil
 
+from hetflow._progress import waiting
 from hetflow.errors import ConfigError, ExecutorBroken, LaunchError
 from hetflow.executors._rank import TaskPayload
 from hetflow.executors._rp_hygiene import (end_leftovers, import_rp, release_client_handles,
@@ -179,7 +180,8 @@ class RadicalExecutor(Executor):
         rp = import_rp()
 
         t0 = time.time()
-        self._session = rp.Session()
+        with waiting("the RADICAL-Pilot session"):
+            self._session = rp.Session()
         self.timings["session_s"] = time.time() - t0
         self._pmgr = rp.PilotManager(session=self._session)
         self._tmgr = rp.TaskManager(session=self._session)
@@ -192,7 +194,8 @@ class RadicalExecutor(Executor):
         t0 = time.time()
         pilot = self._pmgr.submit_pilots([rp.PilotDescription(description)])[0]
         self._tmgr.add_pilots(pilot)
-        pilot.wait([rp.PMGR_ACTIVE, rp.FAILED, rp.CANCELED], timeout=self.startup_timeout)
+        with waiting("the pilot"):
+            pilot.wait([rp.PMGR_ACTIVE, rp.FAILED, rp.CANCELED], timeout=self.startup_timeout)
         if pilot.state != rp.PMGR_ACTIVE:
             raise LaunchError(f"RADICAL-Pilot pilot on {self.resource!r} is {pilot.state} after "
                               f"{time.time() - t0:.0f} s (startup_timeout={self.startup_timeout})",
@@ -247,11 +250,11 @@ class RadicalExecutor(Executor):
         if self._session is not None:
             try:
                 self._pmgr.cancel_pilots()
-            except Exception:
+            except Exception:  # noqa: BLE001 - best effort: the pilot may be gone already
                 pass
             try:
                 self._session.close(download=False)
-            except Exception:
+            except Exception:  # noqa: BLE001 - best effort: hetflow kills what is left
                 pass
             self._session = None
             release_client_handles(self.base, self._rp_before)
@@ -400,7 +403,7 @@ class RadicalExecutor(Executor):
                 try:
                     if self._lost_or_stuck(task.handle):
                         self._recycle(task)
-                except Exception:  # noqa: BLE001 - the watchdog serves every task; it must live
+                except Exception:  # the watchdog serves every task; it must live (logged)
                     logger.exception("watchdog could not check task %s; checking again", task.id)
 
     @staticmethod
@@ -430,7 +433,7 @@ class RadicalExecutor(Executor):
         if handle.path == "exec":
             try:
                 self._tmgr.cancel_tasks(handle.uid)
-            except Exception:
+            except Exception:  # noqa: BLE001 - best effort: the worker is being killed anyway
                 pass
             kill_tree_of(handle.taskdir.path)
         # (RAPTOR at shutdown: the worker goes with the session.)

@@ -103,5 +103,5 @@ class Watch:
                 continue
             try:
                 deadline.action()
-            except Exception:  # noqa: BLE001 - one failing action must not end every watch
+            except Exception:  # one failing action must not end every watch (logged)
                 logger.exception("%s: a deadline action failed", self._name)

@@ -1,7 +1,7 @@
-"""``python -m experiments ...``: the same as ``hetflow bench ...``."""
+"""``python -m hetflow.experiments ...``: the same as ``hetflow bench ...``."""
 import sys
 
-from experiments.cli import main
+from hetflow.experiments.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(prog="python -m experiments"))
+    sys.exit(main(prog="python -m hetflow.experiments"))

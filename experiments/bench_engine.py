@@ -1,6 +1,6 @@
 """Benchmark: hetflow's engine on R ranks vs single-process pyarrow, polars and duckdb.
 
-    python -m experiments.bench_engine [--rows 5000000] [--ranks 2] [--repeats 5]
+    python -m hetflow.experiments.bench_engine [--rows 5000000] [--ranks 2] [--repeats 5]
 
 Data: two tables (left, right) of ``--rows`` rows each, two int64 columns, keys uniform in
 [0, 0.9 * rows) (the Radical-Cylon paper's data), built by :func:`hetflow.frame.generate` on the
@@ -172,7 +172,7 @@ def _mpiexec() -> str:
 def hetflow_run(op: str, args) -> dict:
     with tempfile.TemporaryDirectory(prefix="hetflow-bench-") as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd = [_mpiexec(), "-n", str(args.ranks), sys.executable, "-m", "experiments.bench_engine",
+        cmd = [_mpiexec(), "-n", str(args.ranks), sys.executable, "-m", "hetflow.experiments.bench_engine",
                "--worker", "--op", op, "--rows", str(args.rows), "--unique", str(args.unique),
                "--repeats", str(args.repeats), "--out", out]
         subprocess.run(cmd, check=True, timeout=args.timeout)
@@ -237,8 +237,8 @@ def main(argv=None) -> int:
                   f"{m['peak_rss_mib']:>9.1f} {m['peak_rss_mib'] / m['partition_mib']:>10.2f} "
                   f"{(m['peak_rss_mib'] - m['base_rss_mib']) / m['partition_mib']:>17.2f}")
     print("\nbase RSS = interpreter with pyarrow, mpi4py and the engine loaded (after a 1,000-row "
-          "warm-up), before any data; peak RSS = highest RSS during the timed operations; targets: join <= 1.0x "
-          "polars, sort <= 1.5x polars, (peak-base)/partition < 3")
+          "warm-up), before any data; peak RSS = highest RSS during the timed operations; "
+          "targets: join <= 1.0x polars, sort <= 1.5x polars, (peak-base)/partition < 3")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "results": rows,

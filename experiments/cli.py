@@ -1,4 +1,4 @@
-"""``hetflow bench`` / ``python -m experiments``: run named experiments, write results and a report.
+"""``hetflow bench`` / ``python -m hetflow.experiments``: run named experiments, write results and a report.
 
     hetflow bench weak [--quick] [--repeats N] [--rows 1e6,2e6] [--executors mpirun,pool] [--out DIR]
     hetflow bench all --out experiments/results        # every experiment, one report
@@ -31,7 +31,7 @@ def _interrupt(signum, frame):
 
 
 def build_parser(prog: str = "hetflow bench") -> argparse.ArgumentParser:
-    from experiments.config import experiment_names
+    from hetflow.experiments.config import experiment_names
 
     parser = argparse.ArgumentParser(
         prog=prog, description="Run the Radical-Cylon reproduction experiments and write a report.")
@@ -54,7 +54,7 @@ def build_parser(prog: str = "hetflow bench") -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None, prog: str = "hetflow bench") -> int:
-    from experiments import config as configs
+    from hetflow.experiments import config as configs
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(prog).parse_args(argv)
@@ -67,7 +67,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "hetflow bench") -> int:
         if args.experiment == "report":
             if not args.results:
                 raise ConfigError("usage: hetflow bench report RESULTS [--out DIR]")
-            from experiments.report import write_report
+            from hetflow.experiments.report import write_report
 
             print(write_report(args.results, args.out, plots=not args.no_plots))
             return 0
@@ -83,8 +83,8 @@ def main(argv: Optional[List[str]] = None, prog: str = "hetflow bench") -> int:
     except ConfigError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    from experiments.report import write_report
-    from experiments.runner import Recorder, run_experiment
+    from hetflow.experiments.report import write_report
+    from hetflow.experiments.runner import Recorder, run_experiment
 
     out = args.out or f"hetflow-bench-{time.strftime('%Y%m%d-%H%M%S')}"
     os.makedirs(out, exist_ok=True)

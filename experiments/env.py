@@ -15,7 +15,7 @@ def host_info() -> dict:
         import psutil
 
         mem_gib = round(psutil.virtual_memory().total / 2**30, 1)
-    except Exception:  # psutil is a dependency; stay useful without it anyway
+    except Exception:  # noqa: BLE001 - psutil is a dependency; stay useful without it anyway
         mem_gib = None
     return {"hostname": socket.gethostname(), "cpus": os.cpu_count(), "mem_gib": mem_gib,
             "platform": platform.platform(), "machine": platform.machine(),

@@ -1,6 +1,6 @@
 """Single-machine peers: the same join and sort in pyarrow, polars and duckdb, one process.
 
-Run as ``python -m experiments.peers '{"engine": ..., "op": ..., "data": DIR, "iterations": N}'``
+Run as ``python -m hetflow.experiments.peers '{"engine": ..., "op": ..., "data": DIR, "iterations": N}'``
 in a fresh process (so its peak memory is its own); it reads the Parquet partitions
 a hetflow run wrote, concatenates them, times ``iterations`` ops and prints one
 JSON line. polars and duckdb use every core they see; pyarrow's join and sort use

@@ -1,4 +1,4 @@
-"""Side-by-side overhead benchmark: ``python -m experiments.pool_bench [runtimes...]``.
+"""Side-by-side overhead benchmark: ``python -m hetflow.experiments.pool_bench [runtimes...]``.
 
 Runs, through the normal ``mpi_app`` + Parsl DFK path, on each runtime in turn:
 - latency: N no-op 2-rank tasks one after another; per-task overhead is the mean
@@ -106,7 +106,7 @@ def measure_pipeline(name: str, rows: int, options: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.pool_bench")
+    parser = argparse.ArgumentParser(prog="python -m hetflow.experiments.pool_bench")
     parser.add_argument("runtimes", nargs="*", default=["pool", "mpirun"])
     parser.add_argument("-n", type=int, default=100)
     parser.add_argument("--max-ranks", type=int, default=4)

@@ -8,7 +8,7 @@ the per-iteration times, data generation, the in-task total (engine import,
 generation and all iterations) and memory.
 
 This module imports only the standard library at the top: ranks start fast, and
-``python -m experiments.protocol`` is the bare ``mpiexec`` baseline (no hetflow runtime).
+``python -m hetflow.experiments.protocol`` is the bare ``mpiexec`` baseline (no hetflow runtime).
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def cylon_task(comm, op: str, rows_per_rank: int, iterations: int, unique: float
 
 
 def bare_main(argv=None) -> int:
-    """``mpiexec -n R python -m experiments.protocol '{"op": ..., ...}'``: no runtime at all.
+    """``mpiexec -n R python -m hetflow.experiments.protocol '{"op": ..., ...}'``: no runtime at all.
 
     Rank 0 prints one JSON line with the task's report plus the in-function
     start and finish wall-clock stamps (to split the launch's overhead out).

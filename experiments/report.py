@@ -204,7 +204,8 @@ def _overhead(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
         ratio = f"{mine / base:.3f}" if base and mine is not None else "–"
         body.append([op, f"{per_rank:,}", _ranks_label(ranks, grp[0].get("oversubscribed")),
                      executor, stat(grp, "total_s"), stat(grp, "function_s"),
-                     stat(grp, "setup_s"), stat(grp, "overhead_s"), stat(grp, "queue_s"), stat(grp, "launch_s"),
+                     stat(grp, "setup_s"), stat(grp, "overhead_s"), stat(grp, "queue_s"),
+                     stat(grp, "launch_s"),
                      stat(grp, "return_s"), ratio, len(grp)])
     lines = _table(["Op", "Rows/rank", "Ranks", "Executor", "Total (s)", "Function (s)",
                     "of which set-up (s)", "Overhead (s)", "Queue (s)", "Launch (s)", "Return (s)",
@@ -435,7 +436,7 @@ def write_report(results: str, out_dir: Optional[str] = None, *, plots: bool = T
     out_dir = out_dir or os.path.dirname(os.path.abspath(results))
     if plots:
         try:
-            import matplotlib  # noqa: F401
+            import matplotlib  # noqa: F401 - only: is it installed?
         except ImportError:  # tables still come out; say why the plots did not
             plots = False
             note = "Plots: not drawn (matplotlib is not installed: pip install 'hetflow[report]')."

@@ -18,11 +18,11 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Callable, List, Optional
+from typing import List, Optional
 
-from experiments import protocol
-from experiments.config import ExperimentConfig
-from experiments.env import host_info, library_versions
+from hetflow.experiments import protocol
+from hetflow.experiments.config import ExperimentConfig
+from hetflow.experiments.env import host_info, library_versions
 
 #: The executor name of the bare baseline: ``mpiexec -n R python ...`` with no hetflow runtime.
 BARE = "mpiexec"
@@ -57,40 +57,41 @@ def _jsonable(value):
 
 
 class Progress:
-    """One status line per experiment: rewritten in place on a terminal, printed once otherwise."""
+    """One experiment's progress: a tqdm bar on a terminal (nothing otherwise), then one
+    summary line, on a terminal or not."""
 
     def __init__(self, experiment: str, total: int, stream=None):
+        from hetflow._progress import bar
+
         self.experiment = experiment
         self.total = max(total, 1)
         self.done = 0
         self.errors = 0
         self.skipped = 0
         self.stream = stream or sys.stderr
-        self.tty = getattr(self.stream, "isatty", lambda: False)()
         self.t0 = time.perf_counter()
         self.note = ""
+        self._bar = bar(self.total, f"[{experiment}]", self.stream)
 
     def step(self, note: str = "", n: int = 1, error: bool = False, skipped: bool = False) -> None:
-        self.done = min(self.total, self.done + n)
+        n = min(n, self.total - self.done)
+        self.done += n
         self.errors += int(error)
         self.skipped += n if skipped else 0
         self.note = note
-        if self.tty:
-            self.stream.write("\r\033[K" + self._line())
-            self.stream.flush()
+        self._bar.set_postfix_str(self._problems() + note, refresh=False)
+        self._bar.update(n)
 
-    def _line(self) -> str:
-        width = 24
-        filled = int(width * self.done / self.total)
-        bar = "#" * filled + "." * (width - filled)
-        errors = f", {self.errors} error(s)" if self.errors else ""
-        errors += f", {self.skipped} not run" if self.skipped else ""
-        return (f"[{self.experiment}] {bar} {self.done}/{self.total} "
-                f"{time.perf_counter() - self.t0:6.1f}s{errors}  {self.note}")
+    def _problems(self) -> str:
+        text = f"{self.errors} error(s), " if self.errors else ""
+        return text + (f"{self.skipped} not run, " if self.skipped else "")
 
     def close(self) -> None:
-        self.note = "done"
-        self.stream.write(("\r\033[K" if self.tty else "") + self._line() + "\n")
+        self._bar.close()
+        problems = self._problems().rstrip(", ")
+        self.stream.write(f"[{self.experiment}] {self.done}/{self.total} in "
+                          f"{time.perf_counter() - self.t0:.1f}s"
+                          + (f", {problems}" if problems else "") + "  done\n")
         self.stream.flush()
 
 
@@ -133,7 +134,7 @@ def runtime_session(cfg: ExperimentConfig, name: str, rec: Recorder, max_ranks: 
         t1 = time.perf_counter()
         try:
             manager.__exit__(None, None, None)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a runtime that fails to stop is recorded, not fatal
             rec.write(kind="error", experiment=cfg.name, executor=name, stage="shutdown",
                       error=_first_line(exc))
         rec.write(kind="session", experiment=cfg.name, executor=name, max_ranks=max_ranks,
@@ -244,11 +245,11 @@ def _bare_overhead(cfg, rec, progress) -> None:
                         args = {"op": op, "rows_per_rank": rows, "iterations": cfg.iterations,
                                 "unique": cfg.unique}
                         cmd = mpiexec_command(mpiexec, ranks)[:-2] + [
-                            "-m", "experiments.protocol", json.dumps(args)]
+                            "-m", "hetflow.experiments.protocol", json.dumps(args)]
                         note = f"{BARE} ranks={ranks} {op} rows/rank={rows:,}"
                         try:
                             report, wall = _subprocess_report(cmd, env)
-                        except Exception as exc:  # noqa: BLE001
+                        except Exception as exc:  # noqa: BLE001 - one failed run is a result row, not the end
                             rec.write(kind="error", experiment=cfg.name, executor=BARE,
                                       stage="task", op=op, ranks=ranks, rows_per_rank=rows,
                                       repeat=repeat, error=_first_line(exc))
@@ -313,7 +314,7 @@ def _makespan(cfg, rec, progress, executor, scenario, tasks, repeat, startup_s) 
         rows = [_task_row(cfg, executor, f, repeat=repeat, ranks=ranks, rows_per_rank=per_rank,
                           op=op, cores=cores(), scenario=scenario)
                 for f, (op, ranks, per_rank) in zip(futures, tasks)]
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - one failed run is a result row, not the end
         rec.write(kind="error", experiment=cfg.name, executor=executor, stage=scenario,
                   repeat=repeat, error=_first_line(exc))
         progress.step(note, n=len(tasks), error=True)
@@ -366,9 +367,9 @@ def run_peers(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
                                 "iterations": cfg.iterations}
                         try:
                             report, _ = _subprocess_report(
-                                [sys.executable, "-m", "experiments.peers", json.dumps(args)],
+                                [sys.executable, "-m", "hetflow.experiments.peers", json.dumps(args)],
                                 dict(os.environ))
-                        except Exception as exc:  # noqa: BLE001
+                        except Exception as exc:  # noqa: BLE001 - one failed peer is a result row, not the end
                             rec.write(kind="error", experiment=cfg.name, executor=engine,
                                       stage="task", op=op, rows=rows, repeat=repeat,
                                       error=_first_line(exc))

@@ -23,6 +23,7 @@ _LAZY = {
     "task_times": "hetflow.tasks", "TaskTimes": "hetflow.tasks", "TaskState": "hetflow.tasks",
     "cancel": "hetflow.tasks", "task_state": "hetflow.tasks",
     "keep": "hetflow.resident", "Resident": "hetflow.resident",
+    "InvalidResourceSpec": "hetflow.executors.kernel",
 }
 
 __all__ = sorted(_LAZY)

@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         # The experiments package owns its flags; hand it the rest untouched.
-        from experiments.cli import main as bench_main
+        from hetflow.experiments.cli import main as bench_main
 
         return bench_main(argv[1:])
     args = parser.parse_args(argv)

@@ -52,8 +52,11 @@ class MPIApp(AppBase):
                 raise ConfigError(f"{RESOURCES_KWARG} must be a dict, got {type(override).__name__}")
             resources = resources.replace(**override)
         if "parsl_resource_specification" in kwargs:
-            raise ConfigError("pass resources through mpi_app(...), .options(...) or "
-                              f"{RESOURCES_KWARG}=..., not parsl_resource_specification")
+            from hetflow.executors.kernel import InvalidResourceSpec
+
+            raise InvalidResourceSpec("pass resources through mpi_app(...), .options(...) or "
+                                      f"{RESOURCES_KWARG}=..., not parsl_resource_specification",
+                                      {"parsl_resource_specification"})
         _check_picklable(self.fn.__name__, args, kwargs)
         dfk = self.data_flow_kernel or DataFlowKernelLoader.dfk()
         _check_fits(self.fn.__name__, resources, dfk, self.executors)
@@ -109,7 +112,7 @@ def _check_picklable(name: str, args, kwargs) -> None:
             continue
         try:
             cloudpickle.dumps(value)
-        except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's input
+        except Exception as exc:  # any pickling failure is the user's input (re-raised)
             where = f"argument {i}" if i < len(args) else f"keyword {list(kwargs)[i - len(args)]!r}"
             raise ConfigError(f"{where} of MPI app {name!r} cannot be pickled "
                               f"({type(exc).__name__}: {exc})") from exc

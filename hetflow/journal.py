@@ -82,7 +82,7 @@ class Journal(BasicMemoizer):
                 continue  # failures are not results: they run again on restart
             try:
                 data = pickle.dumps(command.result)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - any pickling failure: run on, unjournaled
                 logger.warning("task %s: result cannot be checkpointed (%s)",
                                command.task_record["id"], exc)
                 continue

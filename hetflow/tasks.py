@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -77,7 +78,15 @@ def _record(future):
     # An AppFuture answers any attribute with a new future (Parsl's __getattr__): read __dict__.
     record = future.__dict__.get("task_record") if hasattr(future, "__dict__") else None
     if record is not None:
-        return record, record.get("exec_fu")
+        exec_fu = record.get("exec_fu")
+        # Parsl stores exec_fu only after adding its done-callback, so a task that ends at
+        # once (the debug runtime runs it on submit) can resolve its AppFuture first. The
+        # launch thread stores it microseconds later: wait for that, briefly.
+        deadline = time.monotonic() + 2.0
+        while exec_fu is None and future.done() and time.monotonic() < deadline:
+            time.sleep(0.001)
+            exec_fu = record.get("exec_fu")
+        return record, exec_fu
     return None, future
 
 

@@ -14,7 +14,7 @@ try:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import radical.pilot  # noqa: F401
+        import radical.pilot  # noqa: F401 - imported for its fork-safety set-up
 except ImportError:
     pass
 

@@ -22,7 +22,10 @@ OUT_ENV = "HETFLOW_TEST_OUT"
 
 
 def mpiexec() -> str:
-    """The MPI launcher of this environment (the mpich wheel's, next to the interpreter)."""
+    """The MPI launcher of this environment: ``$HETFLOW_MPIEXEC``, else the mpich wheel's
+    (next to the interpreter), else the one on PATH."""
+    if os.environ.get("HETFLOW_MPIEXEC"):
+        return shutil.which(os.environ["HETFLOW_MPIEXEC"])
     local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return local if os.path.exists(local) else (shutil.which("mpiexec") or "mpiexec")
 
@@ -73,7 +76,11 @@ def run_mpi(source: str, n: int, *, timeout: float = 120, args=(),
         full_env[OUT_ENV] = work
         full_env["PYTHONPATH"] = os.pathsep.join(
             [HERE] + [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        cmd = [mpiexec(), "-n", str(n), sys.executable, script, *map(str, args)]
+        from hetflow.executors.launch import launcher_env, mpiexec_command
+
+        full_env = launcher_env(mpiexec(), full_env)    # Open MPI as root needs its opt-in
+        # mpiexec -n N [--oversubscribe for Open MPI], then our script instead of the rank runner
+        cmd = mpiexec_command(mpiexec(), n)[:-2] + [script, *map(str, args)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=full_env, cwd=work, start_new_session=True)
         try:
@@ -82,7 +89,7 @@ def run_mpi(source: str, n: int, *, timeout: float = 120, args=(),
             os.killpg(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
             raise AssertionError(f"mpiexec -n {n} timed out after {timeout}s\nstdout:\n{stdout}\n"
-                                 f"stderr:\n{stderr}")
+                                 f"stderr:\n{stderr}") from None
         reports = {}
         for name in os.listdir(work):
             if name.startswith("rank-") and name.endswith(".pkl"):

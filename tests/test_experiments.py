@@ -8,7 +8,6 @@ identical from the results file alone.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -18,8 +17,8 @@ import sys
 
 import pytest
 
-from experiments import config as configs
-from experiments.report import load_rows, latest_runs
+from hetflow.experiments import config as configs
+from hetflow.experiments.report import load_rows, latest_runs
 
 HETFLOW = [sys.executable, "-m", "hetflow"]
 EXPERIMENTS = ("weak", "strong", "overhead", "pilot", "peers")
@@ -85,6 +84,7 @@ def test_quick_run_writes_results_and_report(quick_run):
     # Progress: one line per experiment on a non-terminal, not one per rank or task.
     progress = [line for line in proc.stderr.splitlines() if line.startswith("[")]
     assert [p.split("]")[0][1:] for p in progress] == list(EXPERIMENTS), proc.stderr[-2000:]
+    assert "\r" not in proc.stderr and "waiting for" not in proc.stderr   # no live progress
     # The join's row count is a property of the data: the peers, reading the partitions the
     # 2-rank hetflow run wrote, must find exactly as many matches as the distributed join.
     peers = [r for r in runs["peers"] if r["kind"] == "task" and r["op"] == "join"]
@@ -103,7 +103,7 @@ def test_report_tables_match_results(quick_run):
     for section, header, body in _tables(report):  # each section's first table is its results
         tables.setdefault(section, (header, body))
     assert set(tables) == set(EXPERIMENTS)
-    for section, (header, body) in tables.items():
+    for header, body in tables.values():
         for row in body:
             assert len(row) == len(header)
             assert all(cell and cell.lower() != "nan" for cell in row), row

@@ -277,8 +277,8 @@ def test_checkpoint_resumes_a_killed_campaign(tmp_path, name):
     second = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
                             env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
     assert second.returncode == 0, second.stderr[-3000:]
-    results = {int(l.split()[1]): int(l.split()[2]) for l in second.stdout.splitlines()
-               if l.startswith("done")}
+    results = {int(line.split()[1]): int(line.split()[2]) for line in second.stdout.splitlines()
+               if line.startswith("done")}
     assert results == {i: i * i for i in range(8)}
 
     runs = {i: 0 for i in range(8)}

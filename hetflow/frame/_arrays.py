@@ -97,6 +97,10 @@ def gather(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
 def take_into(values: np.ndarray, idx: np.ndarray, out: np.ndarray) -> None:
     """``out[:] = values[idx]``, in slices (see :func:`gather`); indices must be in range
     (out-of-range ones are clipped, negative ones read element 0)."""
+    if idx.dtype == np.uint64:
+        # NumPy < 2 refuses uint64 indices ("safe" cast to intp); they are row numbers, far
+        # below 2**63, so the same bytes read as int64 are the same indices (no copy).
+        idx = idx.view(np.int64)
     for i in range(0, len(idx), _CHUNK):
         # mode="clip": with the default "raise", NumPy buffers ``out`` (a copy per call)
         np.take(values, idx[i:i + _CHUNK], out=out[i:i + _CHUNK], mode="clip")

@@ -46,12 +46,12 @@ def _check_name(name: str) -> str:
 def _cupy_status():
     """(cupy module or None, reason it cannot be used)."""
     try:
-        import cupy  # noqa: F401
-    except Exception as exc:  # ImportError, or a CUDA library load failure
+        import cupy
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a CUDA library load failure
         return None, f"cupy is not importable ({type(exc).__name__}: {exc})"
     try:
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any CUDA error means: no usable GPU
         return None, f"cupy imports but no CUDA device is usable ({type(exc).__name__}: {exc})"
     if count < 1:
         return None, "cupy imports but sees no GPU"
@@ -61,8 +61,8 @@ def _cupy_status():
 @functools.lru_cache(maxsize=None)
 def _pycylon_status():
     try:
-        import pycylon  # noqa: F401
-    except Exception as exc:
+        import pycylon
+    except Exception as exc:  # noqa: BLE001 - a broken native build fails in many ways
         return None, f"pycylon is not importable ({type(exc).__name__}: {exc})"
     return pycylon, ""
 
@@ -175,5 +175,5 @@ def _tune_allocators() -> None:
     if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
         try:
             pa.set_memory_pool(pa.system_memory_pool())
-        except Exception:  # pragma: no cover - very old pyarrow
+        except Exception:  # noqa: BLE001  # pragma: no cover - very old pyarrow
             pass

@@ -26,6 +26,12 @@ _NULL = np.uint64(0x5BD1E9955BD1E995)
 _POLY = np.uint64(0x100000001B3)  # FNV-64 prime: odd, so multiplication is a bijection mod 2**64
 
 
+
+def _is_view(t) -> bool:
+    """A string_view/binary_view type (pyarrow >= 16; older pyarrow has neither)."""
+    return getattr(pa.types, "is_string_view", lambda _: False)(t) or \
+        getattr(pa.types, "is_binary_view", lambda _: False)(t)
+
 def mix(xp, x):
     """splitmix64 finaliser, in place on a uint64 array; returns it."""
     x ^= x >> np.uint64(30)
@@ -92,13 +98,11 @@ def _column_hash_chunk(xp, arr: pa.Array):
     elif pa.types.is_null(t):
         return xp.full(len(arr), _NULL, dtype=np.uint64)
     elif (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
-          or pa.types.is_large_binary(t) or pa.types.is_string_view(t)
-          or pa.types.is_binary_view(t) or pa.types.is_fixed_size_binary(t)
+          or pa.types.is_large_binary(t) or _is_view(t) or pa.types.is_fixed_size_binary(t)
           or pa.types.is_decimal(t)):
         if pa.types.is_decimal(t):
             arr = arr.cast(pa.string())
-        elif pa.types.is_string_view(t) or pa.types.is_binary_view(t) or \
-                pa.types.is_fixed_size_binary(t):
+        elif _is_view(t) or pa.types.is_fixed_size_binary(t):
             arr = arr.cast(pa.large_binary())
         # hash each distinct value once, then broadcast through the dictionary indices
         encoded = pc.dictionary_encode(arr)

@@ -229,7 +229,7 @@ def assemble(lschema: pa.Schema, rschema: pa.Schema, lkey: str, rkey: str, li: n
             keys.pop("right")
     names = [c + suffixes[0 if s == "L" else 1] if c in clash else c for s, c in plan]
     columns = [None] * len(plan)
-    is_key = lambda s, c: (s, c) in (("L", lkey), ("R", rkey))  # noqa: E731
+    is_key = lambda s, c: (s, c) in (("L", lkey), ("R", rkey))  # noqa: E731 - a one-line predicate
     # keys first: the key arrays are freed before any payload column arrives
     for i in sorted(range(len(plan)), key=lambda i: not is_key(*plan[i])):
         side, name = plan[i]

@@ -454,7 +454,7 @@ class GroupBy:
                        "min" if name.endswith("_min") else "sum") for name in partial_names]
         merged = _group(shuffled, self.by, final_aggs)
         columns, out_names = [merged.column(k) for k in self.by], list(self.by)
-        for i, (col, f, out_name) in enumerate(plan):
+        for i, (_col, f, out_name) in enumerate(plan):
             if f == "mean":
                 s = merged.column(f"__p{i}_sum").cast(pa.float64())
                 c = merged.column(f"__p{i}_count")

@@ -298,7 +298,7 @@ def groupby_agg(table: DistributedTable, by: List[str],
     comm = table.comm
     schema = table.local.schema
     _require_key_types("groupby", schema, by)
-    for col, f, _ in plan:
+    for col, _f, _ in plan:
         if col in by:
             raise NotSupported(f"groupby.agg on pycylon: column {col!r} is also a group key, "
                                "which Cylon's group-by does not take; use backend='cpu'")

@@ -74,7 +74,7 @@ class DistributedTable:
         from hetflow.frame._ops import sort
         return sort(self, by, ascending, **kw)
 
-    def groupby(self, by) -> "GroupBy":
+    def groupby(self, by) -> "GroupBy":  # noqa: F821 - defined in _ops, which imports this module
         """Group by key columns; finish with ``.agg({...})``."""
         from hetflow.frame._ops import GroupBy
         return GroupBy(self, by)
