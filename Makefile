@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST := cd tests && ../$(VENV)/bin/pytest -q -p no:cacheprovider --rootdir=.. -c ../pyproject.toml
 
-.PHONY: demo test
+.PHONY: demo test slurm-up slurm-down
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -23,3 +23,11 @@ test: $(PY)
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -c "import hetflow.executors.mpirun as m, os; assert os.path.dirname(m.__file__) == os.path.abspath('executors'), m.__file__"
 	$(PYTEST) test_parity.py test_faults.py -k "mpirun or pool"
+
+# A two-node Slurm test cluster on this host (root; installs slurm-wlm and munge when
+# missing); both idempotent. Slurm's tests skip without it (and fail in CI).
+slurm-up:
+	.ci/slurm up
+
+slurm-down:
+	.ci/slurm down

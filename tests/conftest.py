@@ -29,10 +29,73 @@ EXECUTOR_OPTIONS = {
     "parsl": {"max_ranks": 4},
     "pool": {"max_ranks": 4},
     "radical": {"max_ranks": 4},
+    "slurm": {"max_ranks": 4},
 }
 
 #: The executors the parity suite runs on; each back-end adds itself here when it lands.
 PARITY_EXECUTORS = ["mpirun", "parsl", "pool", "radical"]
+
+#: Executors that need the Slurm test cluster: their tests get the ``slurm`` marker.
+SLURM_EXECUTORS = {"slurm"}
+ROOT = os.path.dirname(HERE)
+_slurm_missing = []     # [reason or None], once per session
+
+
+def slurm_cluster_up() -> bool:
+    """Whether a Slurm cluster answers here with at least one usable node."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("sinfo"):
+        return False
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and any(s.rstrip("*") in ("idle", "mix", "alloc")
+                                       for s in out.stdout.split())
+
+
+def _why_no_slurm():
+    """None if the Slurm cluster is up (started by the project's own script as root if
+    need be), else the reason it is not."""
+    import subprocess
+
+    if slurm_cluster_up():
+        return None
+    if os.geteuid() != 0:
+        return "no Slurm cluster answers (sinfo) and not root to start one: run `make slurm-up`"
+    up = subprocess.run([os.path.join(ROOT, ".ci", "slurm"), "up"], capture_output=True,
+                        text=True, timeout=900)
+    if up.returncode != 0 or not slurm_cluster_up():
+        return f"`.ci/slurm up` could not start the Slurm test cluster:\n{up.stderr[-2000:]}"
+    return None
+
+
+def require_slurm():
+    """Skip (fail in CI: there a skip is a failure) unless the Slurm test cluster is up."""
+    if not _slurm_missing:
+        _slurm_missing.append(_why_no_slurm())
+    reason = _slurm_missing[0]
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs the Slurm test cluster: {reason}", pytrace=False)
+        pytest.skip(reason)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test run on a Slurm executor is a Slurm test."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if any(isinstance(v, str) and v in SLURM_EXECUTORS for v in params.values()):
+            item.add_marker(pytest.mark.slurm)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("slurm") is not None:
+        require_slurm()
 
 
 @pytest.fixture(scope="module", params=PARITY_EXECUTORS)
