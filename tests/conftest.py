@@ -33,7 +33,7 @@ EXECUTOR_OPTIONS = {
 }
 
 #: The executors the parity suite runs on; each back-end adds itself here when it lands.
-PARITY_EXECUTORS = ["mpirun", "parsl", "pool", "radical"]
+PARITY_EXECUTORS = ["mpirun", "parsl", "pool", "radical", "slurm"]
 
 #: Executors that need the Slurm test cluster: their tests get the ``slurm`` marker.
 SLURM_EXECUTORS = {"slurm"}
