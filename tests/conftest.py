@@ -113,3 +113,22 @@ def executor(runtime_name):
     from parsl.dataflow.dflow import DataFlowKernelLoader
 
     return DataFlowKernelLoader.dfk().executors[runtime_name]
+
+
+_slurm_outcomes = {"passed": 0, "failed": 0, "skipped": 0}
+
+
+def pytest_runtest_logreport(report):
+    if "slurm" not in report.keywords:
+        return
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        _slurm_outcomes[report.outcome] = _slurm_outcomes.get(report.outcome, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line for the CI log: how many Slurm tests ran, and how they ended."""
+    ran = _slurm_outcomes["passed"] + _slurm_outcomes["failed"]
+    if ran or _slurm_outcomes["skipped"]:
+        terminalreporter.write_line(
+            f"slurm: {ran} Slurm tests ran ({_slurm_outcomes['passed']} passed, "
+            f"{_slurm_outcomes['failed']} failed, {_slurm_outcomes['skipped']} skipped)")
