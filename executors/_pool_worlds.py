@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from hetflow.errors import LaunchError
 from hetflow.executors import _pool_wire as wire
 from hetflow.executors._pool_faults import rank_death
+from hetflow.executors.allocation import srun_prefix
 from hetflow.executors.launch import ended, kill_tree, launcher_env, launcher_flavour
 from hetflow.executors.taskdir import TaskDir, private_dir
 from hetflow.executors.watch import EVIDENCE_GRACE_S
@@ -244,7 +245,7 @@ def launcher_prefix(size: int, *, launcher: Optional[Sequence[str]], mpiexec: Op
                     mpiexec_args: Sequence[str], hostfile: Optional[str]) -> List[str]:
     """The command that starts ``size`` ranks: ``launcher`` with ``{ranks}`` filled, or mpiexec."""
     if launcher:
-        return [part.replace("{ranks}", str(size)) for part in launcher]
+        return srun_prefix([part.replace("{ranks}", str(size)) for part in launcher])
     cmd = [mpiexec]
     if launcher_flavour(mpiexec) == "mpich":
         cmd.append("-disable-auto-cleanup")   # one rank's death must not end the world

@@ -32,6 +32,11 @@ EXECUTOR_OPTIONS = {
     "slurm": {"max_ranks": 4},
 }
 
+# A run re-invoked by another test (test_allocation.py) may change the options: JSON
+# {executor: {option: value}} in HETFLOW_TEST_OPTIONS.
+for _name, _options in __import__("json").loads(os.environ.get("HETFLOW_TEST_OPTIONS", "{}")).items():
+    EXECUTOR_OPTIONS.setdefault(_name, {}).update(_options)
+
 #: The executors the parity suite runs on; each back-end adds itself here when it lands.
 PARITY_EXECUTORS = ["mpirun", "parsl", "pool", "radical", "slurm"]
 
