@@ -160,7 +160,10 @@ class Worlds:
         if slot.host == self.hostname and slot.pid:
             if not ended(slot.pid):
                 return False
-        elif now - slot.last_seen < self.lost_after_s:
+        elif now - slot.last_seen < self.lost_after_s and \
+                world.taskdir.load_status(slot.pid) is None:
+            # Another node's rank: its heartbeats stopping says so late; its supervisor's
+            # record in the shared state dir says so at once.
             return False
         return not self._awaiting_evidence(world, slot, now)
 
