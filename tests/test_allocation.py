@@ -130,3 +130,32 @@ def test_pool_rank_lost_on_another_node_in_a_full_allocation(tmp_path):
     assert got["lost_s"] < LOST_WITHIN_S, got
     assert got["recovered_s"] < RECOVERED_WITHIN_S, got
     assert all(len(h) == 2 and set(h) <= {"n1", "n2"} for h in got["hosts"]), got
+
+
+PLACEMENT = '''
+import json
+import hetflow
+
+@hetflow.mpi_app(ranks=2, returns="all")
+def where(comm):
+    import socket
+    return socket.gethostname()
+
+launcher = ["srun", "--ntasks={ranks}", "--kill-on-bad-exit=0"]
+with hetflow.runtime("pool", launcher=launcher, start_timeout=60):
+    pair = [where(), where()]                  # two 2-rank tasks at once: one node each
+    print(json.dumps({"pair": [f.result(timeout=60) for f in pair],
+                      "four": where.options(ranks=4)().result(timeout=60)}))
+'''
+
+
+def test_pool_places_tasks_by_node(tmp_path):
+    script = tmp_path / "placement.py"
+    script.write_text(PLACEMENT)
+    run = subprocess.run(["salloc", "-N2", "-n4", "--time=5", "timeout", "-k", "10", "180",
+                          sys.executable, str(script)],
+                         cwd=HERE, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert sorted(got["pair"]) == [["n1", "n1"], ["n2", "n2"]], got
+    assert got["four"] == ["n1", "n1", "n2", "n2"], got
