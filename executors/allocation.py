@@ -99,3 +99,63 @@ def srun_prefix(launcher: List[str]) -> List[str]:
     if "--overlap" not in launcher[1:]:
         extra.append("--overlap")
     return [launcher[0], *extra, *launcher[1:]]
+
+
+class BatchAllocation:
+    """An allocation a pilot asks the batch system for itself, as a user on a login node
+    would (``salloc --no-shell``), and gives back at shutdown (``scancel``).
+
+    ``request``: ``nodes``, ``ntasks``, ``partition``, ``time`` (Slurm's format, e.g.
+    ``"30"`` minutes; without it the allocation outlives a SIGKILLed client until the
+    partition's limit), ``args`` (more ``salloc`` options).
+    """
+
+    def __init__(self, request: dict):
+        unknown = set(request) - {"nodes", "ntasks", "partition", "time", "args"}
+        if unknown:
+            from hetflow.errors import ConfigError
+            raise ConfigError(f"unknown Slurm request key(s) {sorted(unknown)}; known: nodes, "
+                              f"ntasks, partition, time, args")
+        self.request = dict(request)
+        self.job_id: Optional[str] = None
+
+    def submit(self, name: str, timeout: Optional[float] = None) -> str:
+        """Wait until Slurm grants the allocation; its job id."""
+        from hetflow.errors import LaunchError
+
+        r = self.request
+        cmd = ["salloc", "--no-shell", f"--job-name={name}"]
+        cmd += [f"--nodes={r['nodes']}"] if r.get("nodes") else []
+        cmd += [f"--ntasks={r['ntasks']}"] if r.get("ntasks") else []
+        cmd += [f"--partition={r['partition']}"] if r.get("partition") else []
+        cmd += [f"--time={r['time']}"] if r.get("time") else []
+        cmd += list(r.get("args", ()))
+        if timeout is not None:
+            cmd.append(f"--immediate={max(1, int(timeout))}")
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True,
+                                 timeout=None if timeout is None else timeout + 30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LaunchError(f"salloc failed: {exc}", command=cmd) from exc
+        found = re.search(r"Granted job allocation (\d+)", out.stderr)
+        if out.returncode != 0 or not found:
+            raise LaunchError(f"salloc did not grant an allocation ({out.returncode}): "
+                              f"{out.stderr.strip()}", command=cmd)
+        self.job_id = found.group(1)
+        return self.job_id
+
+    def release(self) -> None:
+        """Give the allocation back (idempotent)."""
+        if self.job_id is not None:
+            subprocess.run(["scancel", self.job_id], capture_output=True, timeout=60)
+            self.job_id = None
+
+
+def partition_cpus_per_node(partition: Optional[str] = None) -> int:
+    """The fewest CPUs a node of the partition has (``sinfo``), 1 if unknown."""
+    cmd = ["sinfo", "-h", "-o", "%c"] + (["-p", partition] if partition else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.split()
+        return min(int(c.rstrip("+")) for c in out) if out else 1
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return 1

@@ -59,3 +59,31 @@ def test_srun_without_pmi_fails_loudly():
             sizes().result(timeout=120)
     with hetflow.runtime("slurm", max_ranks=4):
         assert sizes().result(timeout=120) == [2, 2]
+
+
+@hetflow.mpi_app(ranks=4, returns="all")
+def where(comm):
+    import socket
+
+    return socket.gethostname()
+
+
+def _job_state(job):
+    out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True)
+    fields = dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
+    return fields.get("JobState"), fields.get("NodeList")
+
+
+def test_pool_started_by_the_batch_system():
+    # As a user on a login node: the pool asks Slurm for its own 2-node allocation, runs
+    # its world there, and gives the allocation back at shutdown.
+    with hetflow.runtime("pool", slurm={"nodes": 2, "ntasks": 4, "time": "5"}) as dfk:
+        pool = dfk.executors["pool"]
+        job = pool.batch.job_id
+        assert pool.max_ranks == 4
+        assert _job_state(job) == ("RUNNING", "n[1-2]")
+        assert where().result(timeout=120) == ["n1", "n1", "n2", "n2"]
+    deadline = time.time() + 30
+    while _job_state(job)[0] not in ("CANCELLED", "COMPLETED", None):
+        assert time.time() < deadline, _job_state(job)
+        time.sleep(0.2)
