@@ -24,7 +24,6 @@ if __name__ == "__main__":
 
 from collections.abc import Callable
 
-from hetflow.errors import LaunchError
 from hetflow.executors._supervise import supervise
 from hetflow.executors.taskdir import TaskDir
 
@@ -258,6 +257,8 @@ def main(argv=None) -> int:
     if world.Get_size() != expected:
         # A launcher that starts R processes without wiring them into one world (``srun``
         # without ``--mpi=pmi2`` where the site's MpiDefault is none) exits 0 silently.
+        from hetflow.errors import LaunchError
+
         now = time.time()
         outcome = _error_outcome(world.Get_rank(), LaunchError(
             f"the launcher started this rank in a world of {world.Get_size()} rank(s), not "
