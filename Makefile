@@ -8,7 +8,7 @@ LOWEST ?= .venv-lowest
 OPENMPI ?= .venv-openmpi
 OMPI_MPIEXEC ?= /usr/bin/mpiexec.openmpi
 
-.PHONY: demo test test-main test-lowest test-openmpi openmpi
+.PHONY: demo test test-main test-lowest test-openmpi openmpi slurm-up slurm-down
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -63,3 +63,11 @@ test-openmpi: openmpi $(UV)
 	HETFLOW_MPIEXEC=$(OMPI_MPIEXEC) OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
 	  $(OMPI_MPIEXEC) -n 1 $(OPENMPI)/bin/python -c "from mpi4py import MPI; v = MPI.Get_library_version(); print(v.splitlines()[0]); assert 'Open MPI' in v"
 	export HETFLOW_MPIEXEC=$(OMPI_MPIEXEC); $(call PYTEST,$(OPENMPI)) test_parity.py test_faults.py -k "mpirun or pool"
+
+# A two-node Slurm test cluster on this host (root; installs slurm-wlm and munge when
+# missing); both idempotent. Slurm's tests skip without it (and fail in CI).
+slurm-up:
+	.ci/slurm up
+
+slurm-down:
+	.ci/slurm down

@@ -2,13 +2,16 @@
 
 A task's communicator must come from one MPI world, so a task fits only where one
 world has enough free slots (best fit: the world with the fewest free slots that
-suffice, keeping big holes for big tasks). A task carrying resident data is pinned
+suffice, keeping big holes for big tasks). Within a world placement is node-aware:
+a task that fits on one node runs on one node (best fit again, a world where it
+does is preferred), a bigger one packs the world's nodes in order, and its ranks
+follow world-rank order (task rank 0 is its lowest world rank). A task carrying resident data is pinned
 to the exact slots holding it. The no-starvation rule is SlotScheduler's: a
 blocked head lets later tasks pass it at most ``max_bypass`` times.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hetflow.executors.scheduler import SlotScheduler
 
@@ -23,16 +26,20 @@ class PoolScheduler(SlotScheduler):
                  pinned_of: Callable[[object], Optional[Sequence[int]]] = lambda item: None):
         super().__init__(0, max_bypass=max_bypass)
         self.world_of: Dict[int, int] = {}
+        #: slot -> (node, world rank): where its rank runs
+        self.where: Dict[int, Tuple[str, int]] = {}
         self.pinned_of = pinned_of
 
     # slots come and go with worlds (start, loss, replacement)
-    def add_slot(self, slot: int, world: int) -> None:
+    def add_slot(self, slot: int, world: int, node: str = "", wrank: Optional[int] = None) -> None:
         self.world_of[slot] = world
+        self.where[slot] = (node, slot if wrank is None else wrank)
         self.capacity += 1
 
     def remove_slot(self, slot: int) -> None:
         if slot in self.world_of:
             del self.world_of[slot]
+            del self.where[slot]
             self.capacity -= 1
         if slot in self.free:
             self.free.remove(slot)
@@ -56,11 +63,35 @@ class PoolScheduler(SlotScheduler):
         by_world: Dict[int, List[int]] = {}
         for slot in self.free:
             by_world.setdefault(self.world_of[slot], []).append(slot)
-        fits = [(len(free), world) for world, free in by_world.items() if len(free) >= need]
+        fits = []
+        for world, free in by_world.items():
+            if len(free) >= need:
+                on_one = self._on_one_node(free, need)
+                fits.append((on_one is None, len(free), world, on_one))
         if not fits:
             return None
-        _, world = min(fits)
-        return sorted(by_world[world])[:need]
+        _, _, world, on_one = min(fits, key=lambda fit: fit[:3])
+        if on_one is None:      # nodes in order (by their lowest world rank), packed
+            order = {}
+            for slot in sorted(self.world_of, key=lambda s: self.where[s][1]):
+                if self.world_of[slot] == world:
+                    order.setdefault(self.where[slot][0], len(order))
+            free = sorted(by_world[world], key=lambda s: (order[self.where[s][0]],
+                                                          self.where[s][1]))
+            on_one = free[:need]
+        return sorted(on_one, key=lambda s: self.where[s][1])
+
+    def _on_one_node(self, free: List[int], need: int) -> Optional[List[int]]:
+        """``need`` free slots on one node (the one with the fewest that suffice), or None."""
+        by_node: Dict[str, List[int]] = {}
+        for slot in free:
+            by_node.setdefault(self.where[slot][0], []).append(slot)
+        fits = [(len(slots), min(self.where[s][1] for s in slots), node)
+                for node, slots in by_node.items() if len(slots) >= need]
+        if not fits:
+            return None
+        node = min(fits)[2]
+        return sorted(by_node[node], key=lambda s: self.where[s][1])[:need]
 
     def take(self, item, need: int) -> Optional[List[int]]:
         slots = self.place(need, self.pinned_of(item))

@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from hetflow.errors import LaunchError
 from hetflow.executors import _pool_wire as wire
 from hetflow.executors._pool_faults import rank_death
+from hetflow.executors.allocation import srun_prefix
 from hetflow.executors.launch import ended, kill_tree, launcher_env, launcher_flavour
 from hetflow.executors.taskdir import TaskDir, private_dir
 from hetflow.executors.watch import EVIDENCE_GRACE_S
@@ -159,7 +160,10 @@ class Worlds:
         if slot.host == self.hostname and slot.pid:
             if not ended(slot.pid):
                 return False
-        elif now - slot.last_seen < self.lost_after_s:
+        elif now - slot.last_seen < self.lost_after_s and \
+                world.taskdir.load_status(slot.pid) is None:
+            # Another node's rank: its heartbeats stopping says so late; its supervisor's
+            # record in the shared state dir says so at once.
             return False
         return not self._awaiting_evidence(world, slot, now)
 
@@ -244,7 +248,7 @@ def launcher_prefix(size: int, *, launcher: Optional[Sequence[str]], mpiexec: Op
                     mpiexec_args: Sequence[str], hostfile: Optional[str]) -> List[str]:
     """The command that starts ``size`` ranks: ``launcher`` with ``{ranks}`` filled, or mpiexec."""
     if launcher:
-        return [part.replace("{ranks}", str(size)) for part in launcher]
+        return srun_prefix([part.replace("{ranks}", str(size)) for part in launcher])
     cmd = [mpiexec]
     if launcher_flavour(mpiexec) == "mpich":
         cmd.append("-disable-auto-cleanup")   # one rank's death must not end the world

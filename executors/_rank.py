@@ -253,7 +253,19 @@ def main(argv=None) -> int:
 
     world = MPI.COMM_WORLD
     taskdir.record_deaths(world.Get_rank())
-    outcome = run_on_rank(taskdir.read_payload(), world, sys_path=meta["sys_path"])
+    expected = meta["resources"]["ranks"]
+    if world.Get_size() != expected:
+        # A launcher that starts R processes without wiring them into one world (``srun``
+        # without ``--mpi=pmi2`` where the site's MpiDefault is none) exits 0 silently.
+        from hetflow.errors import LaunchError
+
+        now = time.time()
+        outcome = _error_outcome(world.Get_rank(), LaunchError(
+            f"the launcher started this rank in a world of {world.Get_size()} rank(s), not "
+            f"{expected}: its processes were not wired into one MPI world (srun needs "
+            f"--mpi=pmi2 with the mpich wheel)"), now, now)
+    else:
+        outcome = run_on_rank(taskdir.read_payload(), world, sys_path=meta["sys_path"])
     taskdir.write_outcome(outcome)
     if not outcome.ok and world.Get_size() > 1:
         sys.stdout.flush()

@@ -43,6 +43,7 @@ from parsl.executors.errors import InvalidResourceSpecification
 from hetflow import errors
 from hetflow.errors import ConfigError, ExecutorBroken, NotSupported, ResourcesUnavailable
 from hetflow.executors._rank import TaskPayload, collect
+from hetflow.executors.allocation import default_slots
 from hetflow.executors.scheduler import SlotScheduler
 from hetflow.executors.watch import Deadline, Watch
 from hetflow.spec import Resources, machine_gpus
@@ -138,7 +139,8 @@ class Executor(ParslExecutor):
                  gpus: Optional[int] = None, max_bypass: int = 16, **parsl_options):
         super().__init__(**parsl_options)
         self.label = label
-        self.max_ranks = (os.cpu_count() or 1) if max_ranks is None else max_ranks
+        # Inside a batch allocation the default is its CPUs, not this node's cores.
+        self.max_ranks = default_slots() if max_ranks is None else max_ranks
         if isinstance(self.max_ranks, bool) or not isinstance(self.max_ranks, int) \
                 or self.max_ranks < 1:
             raise ConfigError(f"max_ranks must be a positive int, got {max_ranks!r}")

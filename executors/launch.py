@@ -53,8 +53,14 @@ def launcher_flavour(mpiexec: str) -> str:
 
 
 def launcher_env(mpiexec: str, base: Optional[dict] = None) -> dict:
-    """Environment for the launcher; Open MPI as root needs its two opt-in variables."""
+    """Environment for the launcher; Open MPI as root needs its two opt-in variables, and
+    inside a Slurm allocation the launcher's steps overlap."""
     env = dict(os.environ if base is None else base)
+    if env.get("SLURM_JOB_ID"):
+        # Inside a Slurm allocation Hydra starts its proxies with srun, and a step takes
+        # its nodes' CPUs: a second task's step waits ("Requested nodes are busy") for the
+        # first to end. hetflow places the ranks on its own slots: let the steps overlap.
+        env.setdefault("SLURM_OVERLAP", "1")
     if launcher_flavour(mpiexec) == "openmpi" and os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

@@ -19,6 +19,9 @@ Local node list: MPI mode only knows Slurm or PBS node lists and runs one MPI
 task per listed "node" at a time. On a bare machine the executor writes a
 ``PBS_NODEFILE`` listing ``localhost`` once per rank slot (``max_ranks`` lines),
 so each line is one core slot and tasks of different sizes run side by side.
+Inside a Slurm allocation the lines name the allocation's nodes, once per CPU,
+node-packed in Slurm's order (``max_ranks`` defaults to its CPUs), and the worker
+pool is told to read that file rather than ``$SLURM_NODELIST``.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from parsl.providers import LocalProvider
 from hetflow._guardian import start_ticks
 from hetflow import errors
 from hetflow.errors import ConfigError, LaunchError
+from hetflow.executors import allocation
 from hetflow.executors._parsl_worker import POLL_S, RANK_TMPDIR, run_mpi_task
 from hetflow.executors.kernel import Executor, Task
 from hetflow.executors.launch import kill_tree
@@ -123,6 +127,10 @@ class ParslMPIExecutor(Executor, MPIExecutor):
                               f"heartbeat_period ({heartbeat_period})")
         provider = LocalProvider(launcher=SimpleLauncher(), init_blocks=1, min_blocks=1,
                                  max_blocks=1, nodes_per_block=1, worker_init=worker_init)
+        # Inside a batch allocation, its CPUs are the slots (and its nodes the node list).
+        self.allocation = allocation.current()
+        if max_ranks is None and self.allocation is not None:
+            max_ranks = self.allocation.total_cpus
         super().__init__(
             label, max_ranks=max_ranks, gpus=gpus,
             # From here on, MPIExecutor's options (the kernel passes them on).
@@ -148,7 +156,10 @@ class ParslMPIExecutor(Executor, MPIExecutor):
         """Write the node file, point the worker pool at it, then start HTEX."""
         self.nodefile = os.path.join(self.run_root, "nodefile")
         with open(self.nodefile, "w") as fh:
-            fh.write("localhost\n" * self.max_ranks)
+            if self.allocation is not None:   # Hydra given "localhost" there hangs
+                fh.write("".join(f"{node}\n" for node in self.allocation.slots(self.max_ranks)))
+            else:
+                fh.write("localhost\n" * self.max_ranks)
         bindir = os.path.dirname(os.path.abspath(self.python or sys.executable))
         # The worker pool's multiprocessing Manager makes a 'pymp-*' dir in TMPDIR that
         # nobody removes when the pool is killed at shutdown: give the pool a TMPDIR of
@@ -156,6 +167,9 @@ class ParslMPIExecutor(Executor, MPIExecutor):
         self.worker_tmp = _short_private_dir(self.run_root)
         self.provider.worker_init = "\n".join(filter(None, [
             f"export PBS_NODEFILE={self.nodefile}",
+            # Parsl's MPI mode reads $SLURM_NODELIST before $PBS_NODEFILE: inside an
+            # allocation that would give it one entry per node, not one per slot.
+            "unset SLURM_NODELIST",
             f'export {RANK_TMPDIR}="${{TMPDIR-}}" TMPDIR={self.worker_tmp}',
             # The launcher ("mpiexec") and hetflow must resolve in the worker.
             f'export PATH="{bindir}:$PATH"',

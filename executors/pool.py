@@ -54,6 +54,7 @@ from hetflow.errors import ConfigError, ExecutorBroken, LaunchError, ResourcesUn
 from hetflow.executors import _pool_wire as wire
 from hetflow.executors._pool_faults import RunningTask, settle_lost
 from hetflow.executors._pool_sched import PoolScheduler
+from hetflow.executors.allocation import BatchAllocation, partition_cpus_per_node
 from hetflow.executors._pool_worlds import Slot, World, Worlds, launcher_prefix
 from hetflow.executors._rank import collect
 from hetflow.executors.kernel import Executor, Task
@@ -93,6 +94,11 @@ class PoolExecutor(Executor):
         (default 1 when the machine has GPUs, else 0).
     heartbeat_s / lost_after_s: rank heartbeats, and the silence that marks a remote rank lost.
     start_timeout: seconds for a world to register before LaunchError.
+    slurm: start the pool as a batch user would from a login node: ask Slurm for an
+        allocation (``{"nodes": 2, "ntasks": 4, "partition": ..., "time": "30"}``, see
+        :class:`~hetflow.executors.allocation.BatchAllocation`), run the world in it with
+        ``srun --jobid``, give it back at shutdown. ``max_ranks`` defaults to ``ntasks``,
+        else the nodes' CPUs.
     """
 
     unsupported: Dict[str, str] = {}
@@ -103,7 +109,19 @@ class PoolExecutor(Executor):
                  address: str = "127.0.0.1", pin: bool = True, gpus: Optional[int] = None,
                  gpus_per_rank: Optional[int] = None, env: Optional[Dict[str, str]] = None,
                  python: Optional[str] = None, heartbeat_s: float = 1.0,
-                 lost_after_s: float = 10.0, start_timeout: float = 120.0, max_bypass: int = 16):
+                 lost_after_s: float = 10.0, start_timeout: float = 120.0, max_bypass: int = 16,
+                 slurm: Optional[dict] = None):
+        self.batch = None
+        if slurm is not None:     # a pilot started by the batch system: its own allocation
+            if hostfile is not None or launcher is not None:
+                raise ConfigError("give slurm= (the pool asks for its own allocation) or "
+                                  "hostfile=/launcher=, not both")
+            self.batch = BatchAllocation(slurm)
+            if max_ranks is None:
+                max_ranks = slurm.get("ntasks") or (
+                    slurm.get("nodes", 1) * partition_cpus_per_node(slurm.get("partition")))
+            self.batch.request.setdefault("ntasks", max_ranks)
+            launcher = ["srun", "--ntasks={ranks}", "--kill-on-bad-exit=0"]
         super().__init__(label, max_ranks=max_ranks, gpus=gpus, max_bypass=max_bypass)
         if hostfile is not None and not os.path.isfile(hostfile):
             raise ConfigError(f"hostfile {hostfile!r} does not exist")
@@ -161,6 +179,10 @@ class PoolExecutor(Executor):
     def _start_runtime(self) -> None:
         import zmq
 
+        if self.batch is not None:    # wait in the batch queue, then launch into the allocation
+            job = self.batch.submit(f"hetflow-{self.label}")
+            self.launcher = [self.launcher[0], f"--jobid={job}", *self.launcher[1:]]
+
         self._ctx = zmq.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
@@ -201,6 +223,13 @@ class PoolExecutor(Executor):
             self._post(("blocked",))
 
     def _stop_runtime(self) -> None:
+        try:
+            self._stop_worlds()
+        finally:
+            if self.batch is not None:
+                self.batch.release()
+
+    def _stop_worlds(self) -> None:
         if self._thread is not None and self._thread.is_alive():
             self._post(("exit",))
             self._thread.join(timeout=30)
@@ -378,7 +407,7 @@ class PoolExecutor(Executor):
         if slot is None:
             return
         with self._lock:
-            self._scheduler.add_slot(slot.id, slot.world)
+            self._scheduler.add_slot(slot.id, slot.world, slot.host, slot.wrank)
         self._release([slot.id])
         world = self._mpi.worlds[slot.world]
         if world.id == 0 and not world.unregistered:

@@ -14,7 +14,10 @@ file                  written by  what
 ``exit-<r>.json``     rank r     ``{"exitcode": c}`` when it called ``os._exit(c)``
 ``status-<pid>.json`` supervisor how rank process ``pid`` ended, and when (see _supervise)
 ``cancel``            client     asks a remote launcher to stop the job
-``launcher.json``     launcher   where the job's launcher runs (host, pid, start ticks)
+``launcher.json``     launcher   where the job's launcher runs (host, pid, start ticks);
+                                 a batch job's script: ``job`` id, ``launched`` (its
+                                 start), then ``returncode`` (srun's) when it ends
+``job.sh``            client     a batch job's script (the slurm runtime)
 ``stdout/stderr``     launcher   the launcher's output
 ====================  =========  =====================================================
 

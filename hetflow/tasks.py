@@ -58,6 +58,12 @@ class TaskTimes:
     delivered: float = float("nan")
 
     @property
+    def queue_s(self) -> float:
+        """Seconds from submission until the task's processes started: the executor's own
+        queue and, on a batch system, the batch queue (the wait a batch user pays)."""
+        return self.launched - self.submitted
+
+    @property
     def function_s(self) -> float:
         """Seconds spent in the user function on rank 0."""
         return self.finished - self.started
@@ -69,7 +75,7 @@ class TaskTimes:
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d.update(function_s=self.function_s, overhead_s=self.overhead_s)
+        d.update(queue_s=self.queue_s, function_s=self.function_s, overhead_s=self.overhead_s)
         return d
 
 

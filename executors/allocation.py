@@ -1,0 +1,161 @@
+"""The batch allocation hetflow runs in, if any: its nodes and CPUs, from Slurm's environment.
+
+Inside ``salloc`` or ``sbatch`` a runtime must size itself from the allocation
+(not from this node's cores) and name the allocation's nodes to its launcher:
+Hydra given ``-hosts localhost,...`` inside an allocation asks Slurm for a step on
+a node that is not in it and hangs.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import List, Optional
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A Slurm job's nodes (in Slurm's order) and each node's CPUs."""
+
+    job_id: str
+    nodes: tuple
+    cpus: tuple
+
+    @property
+    def total_cpus(self) -> int:
+        return sum(self.cpus)
+
+    def slots(self, count: int) -> List[str]:
+        """``count`` slot names: each node once per CPU, nodes in order (node-packed), then
+        round again over the same order if ``count`` oversubscribes the allocation."""
+        order = [node for node, cpus in zip(self.nodes, self.cpus) for _ in range(cpus)]
+        return [order[i % len(order)] for i in range(count)] if order else []
+
+
+def expand_hostlist(hostlist: str) -> List[str]:
+    """Slurm's compressed host list (``n[1-2],login3``) as names, by ``scontrol`` if present."""
+    scontrol = shutil.which("scontrol")
+    if scontrol:
+        out = subprocess.run([scontrol, "show", "hostnames", hostlist], capture_output=True,
+                             text=True, timeout=30)
+        if out.returncode == 0 and out.stdout.split():
+            return out.stdout.split()
+    names = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", hostlist):
+        match = re.fullmatch(r"(.*)\[(.*)\]", part)
+        if not match:
+            names.append(part)
+            continue
+        for rng in match.group(2).split(","):
+            lo, _, hi = rng.partition("-")
+            for i in range(int(lo), int(hi or lo) + 1):
+                names.append(f"{match.group(1)}{i:0{len(lo)}d}")
+    return names
+
+
+def expand_counts(spec: str) -> List[int]:
+    """``SLURM_JOB_CPUS_PER_NODE`` (``2(x2),1``) as one count per node."""
+    counts = []
+    for part in filter(None, spec.split(",")):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if match:
+            counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def current(environ=None) -> Optional[Allocation]:
+    """The Slurm allocation this process runs in, or None outside one."""
+    env = os.environ if environ is None else environ
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    hostlist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not job or not hostlist:
+        return None
+    nodes = expand_hostlist(hostlist)
+    cpus = expand_counts(env.get("SLURM_JOB_CPUS_PER_NODE", ""))
+    if len(cpus) != len(nodes):
+        cpus = [1] * len(nodes)
+    return Allocation(job, tuple(nodes), tuple(cpus))
+
+
+def default_slots() -> int:
+    """Rank slots a runtime has by default: the allocation's CPUs inside one, else this
+    machine's cores."""
+    found = current()
+    return found.total_cpus if found is not None else (os.cpu_count() or 1)
+
+
+def srun_prefix(launcher: List[str]) -> List[str]:
+    """An ``srun`` launcher prefix made safe for MPI worlds: ``--mpi=pmi2`` unless it names
+    a plugin (Slurm's default ``MpiDefault=none`` gives each rank a 1-rank world, silently;
+    the mpich wheel refuses PMIx), and ``--overlap`` (a world started while others hold
+    the allocation's CPUs, e.g. a replacement, would otherwise wait for them)."""
+    if not launcher or os.path.basename(launcher[0]) != "srun":
+        return list(launcher)
+    extra = []
+    if not any(arg == "--mpi" or arg.startswith("--mpi=") for arg in launcher[1:]):
+        extra.append("--mpi=pmi2")
+    if "--overlap" not in launcher[1:]:
+        extra.append("--overlap")
+    return [launcher[0], *extra, *launcher[1:]]
+
+
+class BatchAllocation:
+    """An allocation a pilot asks the batch system for itself, as a user on a login node
+    would (``salloc --no-shell``), and gives back at shutdown (``scancel``).
+
+    ``request``: ``nodes``, ``ntasks``, ``partition``, ``time`` (Slurm's format, e.g.
+    ``"30"`` minutes; without it the allocation outlives a SIGKILLed client until the
+    partition's limit), ``args`` (more ``salloc`` options).
+    """
+
+    def __init__(self, request: dict):
+        unknown = set(request) - {"nodes", "ntasks", "partition", "time", "args"}
+        if unknown:
+            from hetflow.errors import ConfigError
+            raise ConfigError(f"unknown Slurm request key(s) {sorted(unknown)}; known: nodes, "
+                              f"ntasks, partition, time, args")
+        self.request = dict(request)
+        self.job_id: Optional[str] = None
+
+    def submit(self, name: str, timeout: Optional[float] = None) -> str:
+        """Wait until Slurm grants the allocation; its job id."""
+        from hetflow.errors import LaunchError
+
+        r = self.request
+        cmd = ["salloc", "--no-shell", f"--job-name={name}"]
+        cmd += [f"--nodes={r['nodes']}"] if r.get("nodes") else []
+        cmd += [f"--ntasks={r['ntasks']}"] if r.get("ntasks") else []
+        cmd += [f"--partition={r['partition']}"] if r.get("partition") else []
+        cmd += [f"--time={r['time']}"] if r.get("time") else []
+        cmd += list(r.get("args", ()))
+        if timeout is not None:
+            cmd.append(f"--immediate={max(1, int(timeout))}")
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True,
+                                 timeout=None if timeout is None else timeout + 30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LaunchError(f"salloc failed: {exc}", command=cmd) from exc
+        found = re.search(r"Granted job allocation (\d+)", out.stderr)
+        if out.returncode != 0 or not found:
+            raise LaunchError(f"salloc did not grant an allocation ({out.returncode}): "
+                              f"{out.stderr.strip()}", command=cmd)
+        self.job_id = found.group(1)
+        return self.job_id
+
+    def release(self) -> None:
+        """Give the allocation back (idempotent)."""
+        if self.job_id is not None:
+            subprocess.run(["scancel", self.job_id], capture_output=True, timeout=60)
+            self.job_id = None
+
+
+def partition_cpus_per_node(partition: Optional[str] = None) -> int:
+    """The fewest CPUs a node of the partition has (``sinfo``), 1 if unknown."""
+    cmd = ["sinfo", "-h", "-o", "%c"] + (["-p", partition] if partition else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.split()
+        return min(int(c.rstrip("+")) for c in out) if out else 1
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return 1

@@ -1,0 +1,249 @@
+"""The batch baseline: each task is its own Slurm job (``sbatch``), queue wait and all.
+
+This is what a batch user pays for every MPI app call: the job waits in Slurm's
+queue, then ``srun --mpi=pmi2 -n R`` runs the shared rank runner
+(``python -m hetflow.executors._rank TASKDIR``) in it. The task dir lives on the
+client's filesystem, which the nodes share, so the ranks' reports and death
+evidence come back through it from any node.
+
+- ``launched`` is when the job started (the batch script stamps ``launcher.json``),
+  so ``launched - submitted`` (:attr:`~hetflow.TaskTimes.queue_s`) is the queue wait,
+  and the kernel's walltime counts from there.
+- walltime: ``--time`` (Slurm's limit, in whole minutes, as a backstop) plus the
+  kernel's own check, which calls :meth:`SlurmExecutor._stop`: ``scancel``.
+- cancel and shutdown: ``scancel``.
+- a rank that dies makes ``srun`` end the step (``--kill-on-bad-exit``); a job that
+  ends without its batch script's record (node failure, ``scancel`` from outside,
+  Slurm's time limit) is read from ``scontrol``: the task fails with ``TaskLost``
+  naming the rank (the supervisors' records, else ``srun``'s own report).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, Optional, Sequence
+
+from hetflow.errors import LaunchError
+from hetflow.executors.kernel import Executor, Task
+from hetflow.executors.launch import tail
+from hetflow.executors.taskdir import LAUNCHER, Deaths, TaskDir, write_private
+
+#: Seconds between looks at a running job's task dir (its batch script's records).
+FILE_POLL_S = 0.05
+#: Seconds between asking Slurm (``scontrol``) about a job whose script left no end record.
+SLURM_POLL_S = 1.0
+#: Job states after which a job runs no more (``scontrol``'s ``JobState``).
+ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+         "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT", "SPECIAL_EXIT", "REVOKED"}
+
+_SRUN_REPORT = re.compile(r"srun: error: \S+: tasks? ([\d,-]+): (Killed|Exited with exit code (\d+)"
+                          r"|Terminated|Aborted|Segmentation fault)")
+
+
+def slurm_tool(name: str) -> str:
+    """The path of Slurm's ``name`` (``sbatch``, ``scontrol``, ...), or LaunchError."""
+    found = shutil.which(name)
+    if not found:
+        raise LaunchError(f"Slurm's {name!r} is not on PATH: the slurm runtime needs a Slurm "
+                          f"cluster (see `make slurm-up` for a test cluster)")
+    return found
+
+
+def partition_cpus(partition: Optional[str] = None) -> int:
+    """How many CPUs the partition (default: the default one) has in all."""
+    cmd = [slurm_tool("sinfo"), "-h", "-o", "%C"]
+    if partition:
+        cmd += ["-p", partition]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    total = 0
+    for line in out.stdout.split():
+        try:
+            total += int(line.split("/")[3])        # allocated/idle/other/total
+        except (IndexError, ValueError):
+            continue
+    if out.returncode != 0 or total < 1:
+        raise LaunchError(f"sinfo found no CPUs in partition {partition or '(default)'}: "
+                          f"{out.stderr.strip() or out.stdout.strip()}")
+    return total
+
+
+def job_info(job_id: str) -> Optional[Dict[str, str]]:
+    """``scontrol show job``'s fields for ``job_id``, or None once Slurm forgot it."""
+    out = subprocess.run([slurm_tool("scontrol"), "show", "job", "-o", str(job_id)],
+                         capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        return None
+    return dict(field.split("=", 1) for field in out.stdout.split() if "=" in field)
+
+
+def srun_deaths(report: str) -> Deaths:
+    """What ``srun`` said about tasks that ended badly (``srun: error: n1: task 1: Killed``);
+    its first report is the cause."""
+    match = _SRUN_REPORT.search(report)
+    if not match:
+        return {}
+    rank = int(re.split(r"[,-]", match.group(1))[0])
+    what = ("was killed by signal 9" if match.group(2) == "Killed" else
+            f"exited with code {match.group(3)}" if match.group(3) else match.group(2).lower())
+    return {rank: (what, "")}
+
+
+class SlurmExecutor(Executor):
+    """A Parsl executor that submits every task as its own Slurm batch job.
+
+    ``partition`` chooses the partition (default: Slurm's default), ``sbatch_args``
+    and ``srun_args`` add options to the job and to its step, ``python`` is the
+    ranks' interpreter (default: this one; the nodes must see it). ``max_ranks``
+    (default: the partition's CPUs) bounds the rank slots in use at once.
+    ``keep_task_dirs`` keeps successful tasks' dirs too.
+    """
+
+    reports_launch = True
+
+    def __init__(self, label: str = "slurm", *, max_ranks: Optional[int] = None,
+                 partition: Optional[str] = None, sbatch_args: Sequence[str] = (),
+                 srun_args: Sequence[str] = (), python: Optional[str] = None,
+                 env: Optional[Dict[str, str]] = None, keep_task_dirs: bool = False):
+        if max_ranks is None:
+            max_ranks = partition_cpus(partition)
+        super().__init__(label, max_ranks=max_ranks, gpus=0)
+        self.partition = partition
+        self.sbatch_args = tuple(sbatch_args)
+        self.srun_args = tuple(srun_args)
+        self.python = python or sys.executable
+        self.env = {**os.environ, **(env or {})}
+        self.keep_task_dirs = keep_task_dirs
+        self.sbatch = slurm_tool("sbatch")
+        self.scancel = slurm_tool("scancel")
+
+    # ------------------------------------------------------------------ the job
+    def _script(self, task: Task, taskdir: TaskDir) -> str:
+        """The batch script: stamp the start, run the ranks under ``srun``, record its end."""
+        res = task.resources
+        srun = [slurm_tool("srun"), "--mpi=pmi2", "--kill-on-bad-exit=1",
+                f"--ntasks={res.ranks}", f"--cpus-per-task={res.cores_per_rank}",
+                *self.srun_args, self.python, "-m", "hetflow.executors._rank", taskdir.path]
+        record = shlex.quote(taskdir.file(LAUNCHER))
+        tmp = shlex.quote(taskdir.file("." + LAUNCHER + ".job.tmp"))
+        # launcher.json (see taskdir): written atomically, read while the job runs.
+        stamp = ('printf \'{"job": "%s", "host": "%s", "pid": %d, "launched": %s%s}\' '
+                 f'"$SLURM_JOB_ID" "$(hostname)" $$ "$launched" "$1" > {tmp} && '
+                 f'mv -f {tmp} {record}')
+        return "\n".join([
+            "#!/bin/bash",
+            f"# hetflow task {task.id} ({self.label}): one Slurm job per task",
+            "umask 077",
+            "launched=$(date +%s.%N)",
+            f"stamp() {{ {stamp}; }}",
+            "stamp ''",
+            " ".join(shlex.quote(a) for a in srun),
+            "rc=$?",
+            'stamp ", \\"returncode\\": $rc"',
+            "exit $rc",
+            ""])
+
+    def _sbatch(self, task: Task, taskdir: TaskDir) -> str:
+        res = task.resources
+        script = taskdir.file("job.sh")
+        write_private(script, self._script(task, taskdir).encode())
+        cmd = [self.sbatch, "--parsable", f"--job-name=hetflow-{self.label}-{task.id}",
+               f"--ntasks={res.ranks}", f"--cpus-per-task={res.cores_per_rank}",
+               f"--chdir={taskdir.path}", f"--output={taskdir.stdout}",
+               f"--error={taskdir.stderr}", "--no-requeue", "--export=ALL"]
+        if self.partition:
+            cmd.append(f"--partition={self.partition}")
+        if res.walltime is not None:   # Slurm counts whole minutes: a backstop to ours
+            cmd.append(f"--time={max(1, math.ceil(res.walltime / 60)) + 1}")
+        cmd += [*self.sbatch_args, script]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=60)
+        if out.returncode != 0:
+            raise LaunchError(f"sbatch failed ({out.returncode}): {out.stderr.strip()}",
+                              command=cmd)
+        return out.stdout.strip().split(";")[0]
+
+    def _start(self, task: Task) -> None:
+        taskdir = TaskDir(os.path.join(self.run_root, f"task-{task.id:06d}")).create(
+            task.payload, dataclasses.asdict(task.resources), self.client_sys_path())
+        task.handle = _Job(taskdir)
+        threading.Thread(target=self._run, args=(task,), daemon=True,
+                         name=f"{self.label}-task-{task.id}").start()
+
+    def _run(self, task: Task) -> None:
+        job: _Job = task.handle
+        try:
+            with job.lock:
+                if task.error is None:          # not stopped before it was submitted
+                    job.id = self._sbatch(task, job.taskdir)
+            if job.id is None:
+                self._finish(task)              # the kernel's verdict
+                return
+            returncode, detail = self._wait(task, job)
+        except BaseException as exc:  # noqa: BLE001 - every failure belongs on the future
+            self._finish(task, error=exc)
+            return
+        taskdir = job.taskdir
+        stderr = tail(taskdir.stderr)
+        self._complete(task, taskdir.outcomes(), returncode=returncode, stderr_tail=stderr,
+                       deaths=taskdir.deaths(lambda: srun_deaths(tail(taskdir.stderr, 20000))),
+                       detail=detail)
+        if task.future.exception() is None and not self.keep_task_dirs:
+            taskdir.remove()
+
+    def _wait(self, task: Task, job: "_Job"):
+        """Wait for the job's end: ``(srun's exit code or None, detail for a lost task)``."""
+        asked = 0.0
+        while True:
+            info = job.taskdir.read_launcher()
+            if info is not None and job.launched is None:
+                job.launched = float(info["launched"])
+                self._launched(task, at=job.launched)
+            if info is not None and "returncode" in info:
+                return int(info["returncode"]), ""
+            if time.monotonic() - asked >= SLURM_POLL_S:
+                asked = time.monotonic()
+                state = job_info(job.id)
+                if state is None or state.get("JobState") in ENDED:
+                    return self._ended_without_record(job, state)
+            time.sleep(FILE_POLL_S)
+
+    def _ended_without_record(self, job: "_Job", state: Optional[dict]):
+        """The job ended but its script did not record srun's end: Slurm says why."""
+        info = job.taskdir.read_launcher() or {}
+        if "returncode" in info:                # it did, just now
+            return int(info["returncode"]), ""
+        what = state.get("JobState", "?") if state else "gone from Slurm's records"
+        reason = state.get("Reason", "None") if state else ""
+        detail = f"; Slurm job {job.id} ended {what}"
+        if reason and reason != "None":
+            detail += f" ({reason})"
+        return None, detail
+
+    def _stop(self, task: Task, error) -> None:
+        job: _Job = task.handle
+        if job is None:
+            return
+        with job.lock:                          # a job being submitted gets its id first
+            if job.id is not None:
+                subprocess.run([self.scancel, "--quiet", job.id], capture_output=True,
+                               timeout=60)
+
+    def parsl_config_options(self) -> dict:
+        return {}
+
+
+class _Job:
+    """A task's Slurm job: its dir, id (once submitted) and start time (once it ran)."""
+
+    def __init__(self, taskdir: TaskDir):
+        self.taskdir = taskdir
+        self.id: Optional[str] = None
+        self.launched: Optional[float] = None
+        self.lock = threading.Lock()

@@ -1,0 +1,161 @@
+"""Every runtime inside a Slurm allocation (``salloc``), on 2 nodes and on 1 (mpirun,
+parsl, pool; radical to come, see OPTIONS).
+
+Each test re-invokes pytest inside ``salloc -N2 -n4`` (or ``-N1 -n2``) on a subset
+of the parity and fault suites for one runtime, as a user who starts hetflow inside
+an allocation would: the runtime must size itself from the allocation and start its
+ranks inside it (Hydra given ``localhost`` there hangs; ``srun`` without
+``--mpi=pmi2`` gives 1-rank worlds). The pool runs with the ``srun`` launcher the
+README documents. Nothing may hang: every run has a timeout.
+
+The subsets are chosen for CI time: on 2 nodes, a result, every world size (1-3
+ranks, so tasks span nodes), heterogeneous tasks at once, a raised exception, a
+walltime, a cancel and a rank killed from outside (then the next task); on 1 node,
+a result, the world sizes and the killed rank.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HERE, ROOT
+
+pytestmark = pytest.mark.slurm
+
+ALLOCATIONS = {"2 nodes": ["-N2", "-n4"], "1 node": ["-N1", "-n2"]}
+SUBSETS = {
+    "2 nodes": ("test_root_result or test_returns_all or test_heterogeneous or "
+                "test_exception_on_rank_one or test_walltime_exceeded or "
+                "test_cancel_running_task or test_rank_killed_from_outside"),
+    # 2 CPUs: the 3-rank size does not fit (max_ranks comes from the allocation)
+    "1 node": ("(test_root_result or test_returns_all or test_rank_killed_from_outside) "
+               "and not {name}-3"),
+}
+#: The options each runtime runs with inside the allocation (max_ranks from it).
+OPTIONS = {
+    "mpirun": {},
+    "parsl": {},
+    "pool": {"launcher": ["srun", "--ntasks={ranks}", "--kill-on-bad-exit=0"]},
+    # radical: not yet here. Its port onto the executor kernel is being merged into main;
+    # inside an allocation its resource config ("FORK", localhost) must name the
+    # allocation's nodes first (issue 13: "LaunchError ... (state AGENT_SCHEDULING)").
+}
+RUN_TIMEOUT_S = {"radical": 900}   # (for when radical joins: pilot start is slow)
+
+
+@pytest.mark.parametrize("shape", list(ALLOCATIONS))
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_parity_and_faults_inside_an_allocation(name, shape):
+    timeout = RUN_TIMEOUT_S.get(name, 480)
+    options = {name: {"max_ranks": None, **OPTIONS[name]}}
+    cmd = ["salloc", *ALLOCATIONS[shape], f"--time={timeout // 60 + 2}",
+           "timeout", "-k", "10", str(timeout),
+           sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--rootdir={ROOT}",
+           "-c", os.path.join(ROOT, "pyproject.toml"), "test_parity.py", "test_faults.py",
+           "-k", f"{name} and ({SUBSETS[shape].format(name=name)})", "-m", "not slurm"]
+    env = {**os.environ, "HETFLOW_TEST_OPTIONS": json.dumps(options)}
+    run = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, env=env,
+                         timeout=timeout + 60)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-6000:]
+    summary = [line for line in run.stdout.splitlines() if " passed" in line]
+    assert summary and "failed" not in summary[-1] and "skipped" not in summary[-1] \
+        and "error" not in summary[-1], out[-6000:]
+
+
+#: Run inside ``salloc -N2 -n4`` (every CPU of the allocation held by the pool's world):
+#: rank 1 of a 2-rank task is SIGKILLed on its node; prints how long the pool took to
+#: fail the task, and then to run two 2-rank tasks at once (the lost ranks replaced by a
+#: world started in the full allocation).
+LOST_RANK = '''
+import json, os, signal, sys, time
+import hetflow
+
+@hetflow.mpi_app(ranks=2)
+def hold(comm, marks):
+    import socket
+    with open(os.path.join(marks, f"rank-{comm.Get_rank()}"), "w") as fh:
+        fh.write(json.dumps([os.getpid(), socket.gethostname()]))
+    time.sleep(120)
+    comm.Barrier()
+
+@hetflow.mpi_app(ranks=2, returns="all")
+def where(comm):
+    import socket
+    return socket.gethostname()
+
+marks = sys.argv[1]
+launcher = ["srun", "--ntasks={ranks}", "--kill-on-bad-exit=0"]
+with hetflow.runtime("pool", launcher=launcher, start_timeout=60) as dfk:
+    fut = hold(marks)
+    while len([n for n in os.listdir(marks) if n.startswith("rank-")]) < 2:
+        time.sleep(0.02)
+    pid, host = json.load(open(os.path.join(marks, "rank-1")))
+    killed = time.time()
+    os.kill(pid, signal.SIGKILL)
+    try:
+        fut.result(timeout=60)
+        error = None
+    except hetflow.TaskLost as exc:
+        error = exc
+    lost_s = time.time() - killed
+    start = time.time()
+    pair = [where(), where()]
+    hosts = [f.result(timeout=60) for f in pair]
+    print(json.dumps({"host": host, "lost_s": lost_s, "rank": getattr(error, "rank", None),
+                      "signal": getattr(error, "signal", None), "error": str(error),
+                      "recovered_s": time.time() - start, "hosts": hosts}))
+'''
+
+#: The issue's bounds: a rank lost on another node is noticed within 2 s (the heartbeat
+#: path took 10 s), the full allocation recovers within 5 s (without --overlap the
+#: replacement waited 30 s for CPUs).
+LOST_WITHIN_S, RECOVERED_WITHIN_S = 2.0, 5.0
+
+
+def test_pool_rank_lost_on_another_node_in_a_full_allocation(tmp_path):
+    script = tmp_path / "lost.py"
+    script.write_text(LOST_RANK)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    run = subprocess.run(["salloc", "-N2", "-n4", "--time=5", "timeout", "-k", "10", "240",
+                          sys.executable, str(script), str(marks)],
+                         cwd=HERE, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["host"] in ("n1", "n2"), got          # the rank ran on a Slurm node
+    assert got["rank"] == 1 and got["signal"] == 9, got
+    assert got["lost_s"] < LOST_WITHIN_S, got
+    assert got["recovered_s"] < RECOVERED_WITHIN_S, got
+    assert all(len(h) == 2 and set(h) <= {"n1", "n2"} for h in got["hosts"]), got
+
+
+PLACEMENT = '''
+import json
+import hetflow
+
+@hetflow.mpi_app(ranks=2, returns="all")
+def where(comm):
+    import socket
+    return socket.gethostname()
+
+launcher = ["srun", "--ntasks={ranks}", "--kill-on-bad-exit=0"]
+with hetflow.runtime("pool", launcher=launcher, start_timeout=60):
+    pair = [where(), where()]                  # two 2-rank tasks at once: one node each
+    print(json.dumps({"pair": [f.result(timeout=60) for f in pair],
+                      "four": where.options(ranks=4)().result(timeout=60)}))
+'''
+
+
+def test_pool_places_tasks_by_node(tmp_path):
+    script = tmp_path / "placement.py"
+    script.write_text(PLACEMENT)
+    run = subprocess.run(["salloc", "-N2", "-n4", "--time=5", "timeout", "-k", "10", "180",
+                          sys.executable, str(script)],
+                         cwd=HERE, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert sorted(got["pair"]) == [["n1", "n1"], ["n2", "n2"]], got
+    assert got["four"] == ["n1", "n1", "n2", "n2"], got
