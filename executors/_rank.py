@@ -22,7 +22,7 @@ from typing import Callable, List, Optional
 import cloudpickle
 
 from hetflow.executors._supervise import supervise
-from hetflow.executors.taskdir import TaskDir
+from hetflow.executors.taskdir import TaskDir, user_umask
 from hetflow.spec import Resources
 
 
@@ -103,6 +103,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: List[str] = (),
 
     rank = comm.Get_rank()
     started = time.time()
+    user_umask()
     for entry in reversed(sys_path):
         if entry and entry not in sys.path:
             sys.path.insert(0, entry)

@@ -27,23 +27,19 @@ best description; what only a launcher or pilot can tell (Hydra's report, RP's
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
 import shutil
 from typing import Callable, Dict, Optional, Tuple
 
+from hetflow._private import PRIVATE_UMASK, private_dir, private_umask, user_umask  # noqa: F401
+
 #: ``{rank: (description, text)}``: how ranks died, the cause first.
 Deaths = Dict[int, Tuple[str, str]]
 
 PAYLOAD, META, CANCEL, LAUNCHER = "task.pkl", "meta.json", "cancel", "launcher.json"
-
-
-def private_dir(path: str) -> str:
-    """Create ``path`` (and parents) owner-only; an existing dir is tightened to 0700."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
 
 
 def _private(path: str, flags: int) -> int:
@@ -75,6 +71,13 @@ class TaskDir:
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
+
+    @contextlib.contextmanager
+    def open_output(self):
+        """The launcher's ``(stdout, stderr)`` files, owner-only, for ``Popen``."""
+        with open(self.stdout, "wb", opener=_private) as out, \
+                open(self.stderr, "wb", opener=_private) as err:
+            yield out, err
 
     def _names(self):
         try:

@@ -1,0 +1,295 @@
+"""Nobody else runs code through a hetflow runtime (issue 14).
+
+Per runtime, one runtime per module (it is shared by the tests of that runtime):
+
+- a rogue process (``rogue.py``, a separate ``python``) finds every TCP port the
+  runtime's processes listen on (the client and every process carrying the
+  runtime's token) and sends each one pickles that would create a marker file,
+  random bytes, a forged outcome for the task running meanwhile, and 2,000
+  connections. The marker never appears, the running task's result is the real
+  one, the runtime runs new tasks after, and no process or descriptor leaks (the
+  load test's counting).
+
+  What listens, measured here: the client's own sockets (the pool's ROUTER;
+  Parsl's three client sockets and its interchange, CurveZMQ), Hydra's control
+  port (``mpiexec``, bound on all interfaces, the proxies and ranks inherit it),
+  and each MPICH rank's netmod ports (ch4/OFI over TCP). Hydra and MPICH are
+  third-party and unauthenticated: they survive all of the above on this build
+  (the test attacks them too), but nothing stops a peer who speaks their
+  protocols (see the README's threat model).
+- every file and dir under the runtime's run dir is owner-only, while a task runs
+  and after;
+- the pool drops unsigned messages (counted, logged once) and treats a signed but
+  malformed message from a rank as that rank's loss (TaskLost), not a broker crash;
+- Parsl's executor runs with ``encrypted=True`` unless told otherwise;
+- the checkpoint journal refuses a directory others can write to.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import hetflow
+from conftest import EXECUTOR_OPTIONS
+from hetflow._guardian import marked_processes
+from test_load import _settled, _snapshot
+
+pytestmark = pytest.mark.timeout(600)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROGUE_RUNTIMES = ["mpirun", "parsl", "pool", "radical"]
+
+
+@hetflow.mpi_app(ranks=2)
+def held(comm, release, value):
+    """Wait (rank 0) until ``release`` exists, then a collective: ``value`` summed over ranks."""
+    if comm.Get_rank() == 0:
+        while not os.path.exists(release):
+            time.sleep(0.05)
+    return comm.allreduce(value)
+
+
+@hetflow.mpi_app(ranks=1)
+def rank_sum(comm, i):
+    return comm.allreduce(i + comm.Get_rank())
+
+
+def _executor_task(app_future, timeout=120):
+    """The kernel's Task behind an AppFuture, once Parsl handed it to the executor."""
+    deadline = time.time() + timeout
+    while True:
+        exec_fu = app_future.task_record.get("exec_fu")
+        if exec_fu is not None:
+            return exec_fu.hetflow_task
+        assert time.time() < deadline, "the task never reached the executor"
+        time.sleep(0.05)
+
+
+def _wait_running(app_future, timeout=300):
+    deadline = time.time() + timeout
+    while hetflow.task_state(app_future) != hetflow.TaskState.EXECUTING:
+        assert time.time() < deadline, f"task never ran: {hetflow.task_state(app_future)}"
+        time.sleep(0.05)
+
+
+def listening_ports(token: str) -> dict:
+    """``{"host:port": process name}`` for every TCP port the runtime's processes listen on."""
+    found = {}
+    for pid in set(marked_processes(token)) | {os.getpid()}:
+        try:
+            proc = psutil.Process(pid)
+            for conn in proc.net_connections(kind="inet"):
+                if conn.status != psutil.CONN_LISTEN:
+                    continue
+                ip = conn.laddr.ip.replace("::ffff:", "")
+                host = "127.0.0.1" if ip in ("0.0.0.0", "::", "::1") else ip
+                found.setdefault(f"{host}:{conn.laddr.port}", proc.name())
+        except psutil.Error:
+            continue
+    return found
+
+
+def private_violations(root: str) -> list:
+    """Entries under ``root`` (and ``root``) that others or the group could use."""
+    bad = []
+    for path in [root] + [os.path.join(d, n) for d, dirs, files in os.walk(root)
+                          for n in dirs + files]:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:       # removed meanwhile (a finished task's dir)
+            continue
+        if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o077:
+            bad.append(f"{stat.S_IMODE(st.st_mode):04o} {os.path.relpath(path, root)}")
+    return bad
+
+
+@pytest.fixture(scope="module", params=ROGUE_RUNTIMES + ["debug"])
+def loaded(request, tmp_path_factory):
+    """One runtime per executor for this module: ``(name, dfk, executor, run root)``."""
+    name = request.param
+    if name not in hetflow.available_runtimes():
+        pytest.skip(f"{name} not installed")
+    options = EXECUTOR_OPTIONS.get(name, {})
+    with hetflow.runtime(name, **options) as dfk:
+        executor = dfk.executors[name]
+        root = os.path.dirname(os.path.dirname(executor.run_dir))   # <base>/runinfo/000
+        assert rank_sum.options(ranks=min(2, executor.max_ranks))(1).result() in (1, 3)
+        yield name, dfk, executor, root
+
+
+def _ranks(executor) -> int:
+    return min(2, executor.max_ranks)
+
+
+def test_runtime_files_are_owner_only(loaded, tmp_path):
+    name, dfk, executor, root = loaded
+    release = str(tmp_path / "release")
+    fut = held.options(ranks=_ranks(executor))(release, 2) if name != "debug" else None
+    if fut is not None:
+        _wait_running(fut)
+        time.sleep(1.0)                  # the ranks have written their pid and fault files
+        bad = private_violations(root)
+        open(release, "w").close()
+        assert fut.result(timeout=300) == 2 * _ranks(executor)
+    else:
+        open(release, "w").close()
+        assert held.options(ranks=1)(release, 2).result() == 2
+        bad = []
+    with pytest.raises((hetflow.TaskFailed, ZeroDivisionError)):
+        fail.options(ranks=_ranks(executor))().result(timeout=300)
+    bad += private_violations(root)
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+    assert not bad, f"{name}: entries others can use under {root}:\n" + "\n".join(bad)
+
+
+@hetflow.mpi_app(ranks=1)
+def fail(comm):
+    return 1 // 0
+
+
+def test_debug_listens_on_nothing(loaded):
+    name, dfk, executor, root = loaded
+    if name != "debug":
+        pytest.skip("the debug runtime only: the others are attacked below")
+    assert listening_ports(dfk.hetflow_token) == {}
+
+
+def test_rogue_process_cannot_run_code_or_forge_results(loaded, tmp_path, caplog):
+    name, dfk, executor, root = loaded
+    if name == "debug":
+        pytest.skip("the debug runtime runs in the client and listens on nothing")
+    caplog.set_level(logging.WARNING, logger="hetflow")
+    token = dfk.hetflow_token
+    ranks = _ranks(executor)
+    before = _settled(_snapshot())
+    marked_before = sorted(marked_processes(token))
+    events_before = list(getattr(executor, "events", []))
+
+    release = str(tmp_path / "release")
+    fut = held.options(ranks=ranks)(release, 5)
+    task = _executor_task(fut)
+    _wait_running(fut)
+    time.sleep(1.0)                      # its ranks are up and listening too
+    targets = listening_ports(token)
+    assert targets, f"{name}: no listening port found"
+    marker = str(tmp_path / "marker")
+    rogue = subprocess.run([sys.executable, os.path.join(HERE, "rogue.py"), marker,
+                            str(task.id), *sorted(targets)],
+                           capture_output=True, text=True, timeout=480)
+    assert rogue.returncode == 0, rogue.stderr
+    open(release, "w").close()
+
+    assert fut.result(timeout=300) == 5 * ranks, "the running task's result was forged"
+    assert not os.path.exists(marker), f"{name}: a rogue pickle was unpickled"
+    assert [rank_sum.options(ranks=r)(i).result(timeout=300) for i, r in
+            enumerate((1, 2, 1, 2))] == [0, 3, 2, 7]
+    if name == "pool":
+        assert executor.rejected > 0
+        warned = [r for r in caplog.records if "not signed" in r.getMessage()]
+        assert len(warned) <= 1, "a rejected peer must be logged once, then only counted"
+        assert executor.events == events_before, f"the attack cost ranks: {executor.events}"
+
+    after = _settled(before)
+    assert after["children"] == before["children"], f"leaked processes: {before} -> {after}"
+    assert after["fds"] <= before["fds"], f"leaked file descriptors: {before} -> {after}"
+    deadline = time.time() + 60
+    while sorted(marked_processes(token)) != marked_before and time.time() < deadline:
+        time.sleep(0.2)
+    assert sorted(marked_processes(token)) == marked_before, \
+        f"{name}: the runtime's processes changed under attack"
+    print(f"\n{name}: attacked {len(targets)} port(s): {targets}\n{rogue.stdout}")
+
+
+# ----------------------------------------------------------------------------- pool
+@hetflow.mpi_app(ranks=1)
+def forge_from_rank(comm, kind):
+    """Send, on this rank's own (authenticated) socket to the pool, a signed but malformed
+    message, as a buggy or compromised rank could; then wait to be stopped."""
+    import gc
+
+    import zmq
+
+    from hetflow.executors import _pool_wire as wire
+
+    sock = next(o for o in gc.get_objects() if isinstance(o, zmq.Socket) and not o.closed
+                and o.type == zmq.DEALER
+                and not o.getsockopt(zmq.IDENTITY).endswith(wire.CONTROL_SUFFIX))
+    identity = sock.getsockopt(zmq.IDENTITY)
+    frames = {"short": [wire.OUTCOME, b"\x01"],
+              "garbage": [wire.OUTCOME, b"\0" * 8, b"not a pickle", b""],
+              "object": [wire.OUTCOME, b"\0" * 8, __import__("pickle").dumps(42), b""],
+              "register": [wire.REGISTER, b"[1, 2]"],
+              "kind": [b"?"]}[kind]
+    sock.send_multipart(wire.Signer.from_env().sign(wire.TO_POOL, identity, frames))
+    time.sleep(60)
+    return "not stopped"
+
+
+def test_pool_malformed_signed_message_loses_only_that_rank():
+    with hetflow.runtime("pool", max_ranks=2) as dfk:
+        executor = dfk.executors["pool"]
+        for kind in ("short", "garbage", "object", "register", "kind"):
+            with pytest.raises(hetflow.TaskLost) as info:
+                forge_from_rank(kind).result(timeout=120)
+            assert "malformed" in str(info.value), (kind, str(info.value))
+            assert executor._broken is None
+            assert [rank_sum.options(ranks=r)(1).result(timeout=120) for r in (1, 2)] == [1, 3]
+        assert executor.rejected == 0
+
+
+def test_pool_key_file_is_private_and_not_in_argv():
+    with hetflow.runtime("pool", max_ranks=2) as dfk:
+        executor = dfk.executors["pool"]
+        key = executor._signer.key
+        assert key and len(key) == 32
+        st = os.stat(executor._keyfile)
+        assert stat.S_IMODE(st.st_mode) == 0o600
+        for pid in marked_processes(dfk.hetflow_token):
+            try:
+                proc = psutil.Process(pid)
+                assert key.hex() not in " ".join(proc.cmdline())
+                assert all(key.hex() not in v for v in proc.environ().values())
+            except psutil.NoSuchProcess:
+                continue
+
+
+# ----------------------------------------------------------------------------- parsl
+def test_parsl_is_encrypted_by_default():
+    from hetflow.executors.parsl_htex import ParslMPIExecutor
+
+    assert ParslMPIExecutor().encrypted is True
+    assert ParslMPIExecutor(encrypted=False).encrypted is False
+    with hetflow.runtime("parsl", max_ranks=2) as dfk:
+        executor = dfk.executors["parsl"]
+        assert executor.encrypted is True
+        assert executor.cert_dir and os.path.isdir(executor.cert_dir)
+        assert stat.S_IMODE(os.stat(executor.cert_dir).st_mode) == 0o700
+        assert rank_sum.options(ranks=2)(1).result(timeout=300) == 3
+
+
+# ----------------------------------------------------------------------------- journal
+def test_checkpoint_journal_refuses_a_directory_others_can_write(tmp_path):
+    from hetflow.journal import Journal
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(hetflow.ConfigError, match="written by its group or by others"):
+        Journal(str(shared))
+    os.chmod(shared, 0o775)
+    with pytest.raises(hetflow.ConfigError):
+        with hetflow.runtime("mpirun", checkpoint=str(shared)):
+            pass
+    fresh = tmp_path / "fresh"
+    with hetflow.runtime("mpirun", max_ranks=2, checkpoint=str(fresh)):
+        assert rank_sum.options(ranks=1)(4).result() == 4
+    assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o700
+    records = os.listdir(fresh)
+    assert records and all(stat.S_IMODE(os.stat(fresh / r).st_mode) == 0o600 for r in records)
