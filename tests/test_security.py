@@ -154,17 +154,8 @@ def fail(comm):
     return 1 // 0
 
 
-def test_debug_listens_on_nothing(loaded):
-    name, dfk, executor, root = loaded
-    if name != "debug":
-        pytest.skip("the debug runtime only: the others are attacked below")
-    assert listening_ports(dfk.hetflow_token) == {}
-
-
 def test_rogue_process_cannot_run_code_or_forge_results(loaded, tmp_path, caplog):
     name, dfk, executor, root = loaded
-    if name == "debug":
-        pytest.skip("the debug runtime runs in the client and listens on nothing")
     caplog.set_level(logging.WARNING, logger="hetflow")
     token = dfk.hetflow_token
     ranks = _ranks(executor)
@@ -173,10 +164,13 @@ def test_rogue_process_cannot_run_code_or_forge_results(loaded, tmp_path, caplog
     events_before = list(getattr(executor, "events", []))
 
     release = str(tmp_path / "release")
+    if name == "debug":      # runs tasks in the client, one at a time: none runs meanwhile
+        open(release, "w").close()
     fut = held.options(ranks=ranks)(release, 5)
     task = _executor_task(fut)
-    _wait_running(fut)
-    time.sleep(1.0)                      # its ranks are up and listening too
+    if name != "debug":
+        _wait_running(fut)
+        time.sleep(1.0)                  # its ranks are up and listening too
     targets = listening_ports(token)
     assert targets, f"{name}: no listening port found"
     marker = str(tmp_path / "marker")
@@ -188,17 +182,31 @@ def test_rogue_process_cannot_run_code_or_forge_results(loaded, tmp_path, caplog
 
     assert fut.result(timeout=300) == 5 * ranks, "the running task's result was forged"
     assert not os.path.exists(marker), f"{name}: a rogue pickle was unpickled"
-    assert [rank_sum.options(ranks=r)(i).result(timeout=300) for i, r in
-            enumerate((1, 2, 1, 2))] == [0, 3, 2, 7]
+    sizes = (1, 2, 1, 2) if executor.max_ranks > 1 else (1, 1)
+    assert [rank_sum.options(ranks=r)(i).result(timeout=300) for i, r in enumerate(sizes)] \
+        == [i * r + r * (r - 1) // 2 for i, r in enumerate(sizes)]
     if name == "pool":
         assert executor.rejected > 0
         warned = [r for r in caplog.records if "not signed" in r.getMessage()]
         assert len(warned) <= 1, "a rejected peer must be logged once, then only counted"
         assert executor.events == events_before, f"the attack cost ranks: {executor.events}"
 
-    after = _settled(before)
+    after = _settled(before, timeout=10 if name == "debug" else 60)
     assert after["children"] == before["children"], f"leaked processes: {before} -> {after}"
-    assert after["fds"] <= before["fds"], f"leaked file descriptors: {before} -> {after}"
+    held_by_mpich = 0
+    if name == "debug":
+        # Known, third-party, named here rather than hidden: under the debug runtime the
+        # client is an MPICH singleton whose netmod (ch4:ofi, TCP) listens on every port
+        # found above and keeps each accepted connection open until the process exits
+        # (2,000 connections per port = 2,000 descriptors). Pool and mpirun ranks do the
+        # same in their own processes. Every extra descriptor must be one of those.
+        mpich_ports = {int(t.rsplit(":", 1)[1]) for t in targets}
+        held_by_mpich = sum(1 for c in psutil.Process().net_connections(kind="tcp")
+                            if c.laddr and c.laddr.port in mpich_ports
+                            and c.status != psutil.CONN_LISTEN)
+        print(f"\ndebug: MPICH holds {held_by_mpich} accepted connection(s) on {mpich_ports}")
+    assert after["fds"] - held_by_mpich <= before["fds"], \
+        f"leaked file descriptors: {before} -> {after} ({held_by_mpich} held by MPICH)"
     deadline = time.time() + 60
     while sorted(marked_processes(token)) != marked_before and time.time() < deadline:
         time.sleep(0.2)
@@ -232,64 +240,80 @@ def forge_from_rank(comm, kind):
     return "not stopped"
 
 
-def test_pool_malformed_signed_message_loses_only_that_rank():
-    with hetflow.runtime("pool", max_ranks=2) as dfk:
-        executor = dfk.executors["pool"]
-        for kind in ("short", "garbage", "object", "register", "kind"):
-            with pytest.raises(hetflow.TaskLost) as info:
-                forge_from_rank(kind).result(timeout=120)
-            assert "malformed" in str(info.value), (kind, str(info.value))
-            assert executor._broken is None
-            assert [rank_sum.options(ranks=r)(1).result(timeout=120) for r in (1, 2)] == [1, 3]
-        assert executor.rejected == 0
+def test_pool_malformed_signed_message_loses_only_that_rank(loaded):
+    name, dfk, executor, root = loaded
+    if name != "pool":
+        pytest.skip("the pool's own socket")
+    for kind in ("short", "garbage", "object", "register", "kind"):
+        with pytest.raises(hetflow.TaskLost) as info:
+            forge_from_rank(kind).result(timeout=120)
+        assert "malformed" in str(info.value), (kind, str(info.value))
+        assert executor._broken is None
+        assert [rank_sum.options(ranks=r)(1).result(timeout=120) for r in (1, 2)] == [1, 3]
+    rejected = executor.rejected
+    assert [rank_sum.options(ranks=r)(1).result(timeout=120) for r in (1, 2)] == [1, 3]
+    assert executor.rejected == rejected
 
 
-def test_pool_key_file_is_private_and_not_in_argv():
-    with hetflow.runtime("pool", max_ranks=2) as dfk:
-        executor = dfk.executors["pool"]
-        key = executor._signer.key
-        assert key and len(key) == 32
-        st = os.stat(executor._keyfile)
-        assert stat.S_IMODE(st.st_mode) == 0o600
-        for pid in marked_processes(dfk.hetflow_token):
-            try:
-                proc = psutil.Process(pid)
-                assert key.hex() not in " ".join(proc.cmdline())
-                assert all(key.hex() not in v for v in proc.environ().values())
-            except psutil.NoSuchProcess:
-                continue
+def test_pool_key_file_is_private_and_not_in_argv(loaded):
+    name, dfk, executor, root = loaded
+    if name != "pool":
+        pytest.skip("the pool's key")
+    key = executor._signer.key
+    assert key and len(key) == 32
+    st = os.stat(executor._keyfile)
+    assert stat.S_IMODE(st.st_mode) == 0o600
+    for pid in marked_processes(dfk.hetflow_token):
+        try:
+            proc = psutil.Process(pid)
+            assert key.hex() not in " ".join(proc.cmdline())
+            assert all(key.hex() not in v for v in proc.environ().values())
+        except psutil.NoSuchProcess:
+            continue
 
 
 # ----------------------------------------------------------------------------- parsl
-def test_parsl_is_encrypted_by_default():
+def test_parsl_is_encrypted_by_default(loaded):
+    name, dfk, executor, root = loaded
+    if name != "parsl":
+        pytest.skip("Parsl's executor")
     from hetflow.executors.parsl_htex import ParslMPIExecutor
 
     assert ParslMPIExecutor().encrypted is True
     assert ParslMPIExecutor(encrypted=False).encrypted is False
-    with hetflow.runtime("parsl", max_ranks=2) as dfk:
-        executor = dfk.executors["parsl"]
-        assert executor.encrypted is True
-        assert executor.cert_dir and os.path.isdir(executor.cert_dir)
-        assert stat.S_IMODE(os.stat(executor.cert_dir).st_mode) == 0o700
-        assert rank_sum.options(ranks=2)(1).result(timeout=300) == 3
+    assert executor.encrypted is True
+    assert executor.cert_dir and os.path.isdir(executor.cert_dir)
+    assert stat.S_IMODE(os.stat(executor.cert_dir).st_mode) == 0o700
+    assert rank_sum.options(ranks=2)(1).result(timeout=300) == 3
 
 
 # ----------------------------------------------------------------------------- journal
 def test_checkpoint_journal_refuses_a_directory_others_can_write(tmp_path):
-    from hetflow.journal import Journal
-
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    os.chmod(shared, 0o777)
-    with pytest.raises(hetflow.ConfigError, match="written by its group or by others"):
-        Journal(str(shared))
-    os.chmod(shared, 0o775)
-    with pytest.raises(hetflow.ConfigError):
-        with hetflow.runtime("mpirun", checkpoint=str(shared)):
-            pass
-    fresh = tmp_path / "fresh"
-    with hetflow.runtime("mpirun", max_ranks=2, checkpoint=str(fresh)):
-        assert rank_sum.options(ranks=1)(4).result() == 4
-    assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o700
-    records = os.listdir(fresh)
-    assert records and all(stat.S_IMODE(os.stat(fresh / r).st_mode) == 0o600 for r in records)
+    """In a child process: this module's runtimes hold Parsl's one DataFlowKernel."""
+    script = f"""
+import os, stat, sys
+sys.path.insert(0, {HERE!r})
+import hetflow
+from test_security import rank_sum
+shared = os.path.join({str(tmp_path)!r}, "shared")
+os.mkdir(shared)
+for mode in (0o777, 0o775, 0o757):
+    os.chmod(shared, mode)
+    try:
+        with hetflow.runtime("mpirun", checkpoint=shared):
+            raise SystemExit("a runtime started on a checkpoint dir others can write")
+    except hetflow.ConfigError as exc:
+        assert "written by its group or by others" in str(exc), exc
+fresh = os.path.join({str(tmp_path)!r}, "fresh")
+with hetflow.runtime("mpirun", max_ranks=2, checkpoint=fresh):
+    assert rank_sum.options(ranks=1)(4).result() == 4
+assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o700
+records = os.listdir(fresh)
+assert records, "nothing journaled"
+for r in records:
+    assert stat.S_IMODE(os.stat(os.path.join(fresh, r)).st_mode) == 0o600, r
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=HERE)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stdout + done.stderr
