@@ -105,7 +105,8 @@ class Worlds:
             str(allowed[c % len(allowed)]) for c in cores) if (self.pin and allowed and cores)
             else ""}
         env = launcher_env(self.mpiexec, env) if self.mpiexec else env
-        with taskdir.open_output() as (out, err):
+        out, err = taskdir.open_output()
+        with out, err:
             try:
                 proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=taskdir.path,
                                         start_new_session=True, umask=PRIVATE_UMASK)

@@ -125,7 +125,8 @@ class MPILaunch:
         self._launcher_fd: Optional[int] = None
 
     def start(self) -> None:
-        with self.taskdir.open_output() as (out, err):
+        out, err = self.taskdir.open_output()
+        with out, err:
             try:
                 self.proc = subprocess.Popen(self.command, cwd=self.taskdir.path, stdout=out,
                                              stderr=err, env=self.env, start_new_session=True,

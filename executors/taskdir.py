@@ -27,7 +27,6 @@ best description; what only a launcher or pilot can tell (Hydra's report, RP's
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pickle
@@ -72,12 +71,10 @@ class TaskDir:
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
-    @contextlib.contextmanager
     def open_output(self):
-        """The launcher's ``(stdout, stderr)`` files, owner-only, for ``Popen``."""
-        with open(self.stdout, "wb", opener=_private) as out, \
-                open(self.stderr, "wb", opener=_private) as err:
-            yield out, err
+        """The launcher's ``(stdout, stderr)`` files, owner-only, for ``Popen`` (the caller
+        closes them: ``with out, err:``)."""
+        return open(self.stdout, "wb", opener=_private), open(self.stderr, "wb", opener=_private)
 
     def _names(self):
         try:

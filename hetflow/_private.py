@@ -5,7 +5,6 @@ imports nothing heavy: ranks read it.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 #: The user's umask, for the ranks (see :func:`user_umask`); infrastructure runs with 077.
@@ -34,22 +33,25 @@ def user_umask() -> None:
     os.umask(current)
 
 
-@contextlib.contextmanager
-def private_umask():
+class private_umask:  # noqa: N801 - used like a function: ``with private_umask():``
     """Within: umask 077 for this process, so third-party code (Parsl, RADICAL-Pilot)
     creates owner-only files, and the processes it starts keep that umask for life.
 
     The user's umask is restored on leaving, and exported in :data:`UMASK_ENV` for
     the ranks (:func:`user_umask`). The umask is per process: a file another thread
     of the client creates meanwhile is owner-only too (stricter, never looser).
+    (A class, not ``contextlib``: ranks import this module.)
     """
-    user = os.umask(PRIVATE_UMASK)
-    if user != PRIVATE_UMASK:
-        os.environ[UMASK_ENV] = f"{user:o}"
-    try:
-        yield
-    finally:
-        os.umask(user)
+
+    def __enter__(self):
+        self._user = os.umask(PRIVATE_UMASK)
+        if self._user != PRIVATE_UMASK:
+            os.environ[UMASK_ENV] = f"{self._user:o}"
+        return self
+
+    def __exit__(self, *exc):
+        os.umask(self._user)
+        return False
 
 
 def private_dir(path: str) -> str:
