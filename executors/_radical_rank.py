@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import List
 
-from hetflow.executors._rank import record_deaths, run_on_rank, write_outcome
+from hetflow.executors._rank import run_on_rank
+from hetflow.executors.taskdir import TaskDir
 
 
 def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: List[str]) -> bool:
@@ -20,11 +21,12 @@ def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: List[str]) -> bool
         from mpi4py import MPI
 
         comm = MPI.COMM_SELF
+    taskdir = TaskDir(taskdir)
     # The worker outlives the task, so the evidence hooks are undone afterwards.
-    undo = record_deaths(taskdir, comm.Get_rank())
+    undo = taskdir.record_deaths(comm.Get_rank())
     try:
         outcome = run_on_rank(payload, comm, sys_path=sys_path)
-        write_outcome(taskdir, outcome)
+        taskdir.write_outcome(outcome)
     finally:
         undo()
     return outcome.ok

@@ -12,52 +12,113 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import sys
 import time
-import traceback
-from dataclasses import dataclass, field
-from typing import Callable, List, Optional
 
-import cloudpickle
+if __name__ == "__main__":
+    # ``python -m`` runs this file as __main__: run the importable module instead, so reports
+    # pickle as hetflow.executors._rank.*, and stop here rather than define everything twice.
+    from hetflow.executors import _rank
+
+    sys.exit(_rank.main())
+
+from collections.abc import Callable
 
 from hetflow.executors._supervise import supervise
 from hetflow.executors.taskdir import TaskDir, user_umask
-from hetflow.spec import Resources
+
+#: Values whose cloudpickle form is plain pickle's (so a rank need not import cloudpickle).
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
 
 
-@dataclass
+def dumps(obj) -> bytes:
+    """``cloudpickle.dumps(obj)``; a plain builtin value skips importing cloudpickle.
+
+    The payload and the outcome files are read with plain ``pickle.loads`` (which is
+    ``cloudpickle.loads``): a stream that needs cloudpickle (a function from ``__main__``,
+    a lambda) imports it by itself, so a no-op task's ranks never do.
+    """
+    if type(obj) in _PLAIN:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    import cloudpickle
+
+    return cloudpickle.dumps(obj)
+
+
+# TaskPayload and RankOutcome are plain classes, not dataclasses: ``dataclasses`` (with the
+# ``inspect`` it imports) would cost a rank about as many instructions as mpi4py itself.
+
 class TaskPayload:
-    """Everything a rank needs to run its part of a task."""
+    """Everything a rank needs to run its part of a task.
 
-    task_id: int
-    func: Callable
-    args: tuple
-    kwargs: dict
-    resources: Resources
+    It travels with ``resources`` as a dict, rebuilt into a :class:`~hetflow.spec.Resources`
+    only when read: the runner takes the rank's resources from ``meta.json``, so a rank
+    unpickling the payload never imports the spec module (a dataclass).
+    """
+
+    def __init__(self, task_id: int, func: Callable, args: tuple, kwargs: dict, resources):
+        self.task_id = task_id
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self._resources = resources
+
+    @property
+    def resources(self):
+        """The task's :class:`~hetflow.spec.Resources`."""
+        if isinstance(self._resources, dict):
+            from hetflow.spec import Resources
+
+            self._resources = Resources(**self._resources)
+        return self._resources
+
+    def __reduce__(self):
+        resources = self._resources
+        if not isinstance(resources, dict):
+            import dataclasses
+
+            resources = dataclasses.asdict(resources)
+        return (TaskPayload, (self.task_id, self.func, self.args, self.kwargs, resources))
+
+    def __repr__(self) -> str:
+        return (f"TaskPayload(task_id={self.task_id!r}, func={self.func!r}, args={self.args!r}, "
+                f"kwargs={self.kwargs!r}, resources={self.resources!r})")
 
     def dumps(self) -> bytes:
-        return cloudpickle.dumps(self)
+        return dumps(self)
 
 
-@dataclass
 class RankOutcome:
     """One rank's report: its value (pickled) or its error, and when it ran."""
 
-    rank: int
-    host: str
-    pid: int
-    ok: bool
-    value: bytes = b""
-    exception: bytes = b""
-    exception_type: str = ""
-    message: str = ""
-    traceback: str = ""
-    started: float = float("nan")
-    finished: float = float("nan")
-    #: The exception itself, traceback and all, where the rank ran in the client's own
-    #: process (the debug runtime); never pickled.
-    original: Optional[BaseException] = field(default=None, repr=False, compare=False)
+    #: The fields, in order (also what ``repr`` and ``==`` use).
+    FIELDS = ("rank", "host", "pid", "ok", "value", "exception", "exception_type", "message",
+              "traceback", "started", "finished")
+    __hash__ = None   # mutable and compared by value
+
+    def __init__(self, rank: int, host: str, pid: int, ok: bool, value: bytes = b"",
+                 exception: bytes = b"", exception_type: str = "", message: str = "",
+                 traceback: str = "", started: float = float("nan"),
+                 finished: float = float("nan"), original: BaseException | None = None):
+        self.rank, self.host, self.pid, self.ok = rank, host, pid, ok
+        self.value, self.exception, self.exception_type = value, exception, exception_type
+        self.message, self.traceback = message, traceback
+        self.started, self.finished = started, finished
+        #: The exception itself, traceback and all, where the rank ran in the client's own
+        #: process (the debug runtime); never pickled.
+        self.original = original
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.FIELDS)
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()
+
+    def __repr__(self) -> str:
+        return "RankOutcome(" + ", ".join(f"{name}={getattr(self, name)!r}"
+                                          for name in self.FIELDS) + ")"
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -70,27 +131,36 @@ class RankOutcome:
 
 def _error_outcome(rank: int, exc: BaseException, started: float, finished: float,
                    where: str = "") -> RankOutcome:
+    import traceback
+
     try:
-        exc_bytes = cloudpickle.dumps(exc)
+        exc_bytes = dumps(exc)
         pickle.loads(exc_bytes)
     except Exception:  # the exception itself cannot travel: keep its text
         exc_bytes = b""
-    return RankOutcome(rank=rank, host=socket.gethostname(), pid=os.getpid(), ok=False,
+    return RankOutcome(rank=rank, host=_host(), pid=os.getpid(), ok=False,
                        exception=exc_bytes, exception_type=type(exc).__qualname__,
                        message=(where + str(exc)), started=started, finished=finished,
                        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
 
 
-def bind_rank_environment(resources: Resources, local_rank: int) -> None:
-    """Set threads and GPU binding for this rank before user code imports anything."""
-    os.environ["OMP_NUM_THREADS"] = str(resources.cores_per_rank)
-    if resources.gpus_per_rank:
-        first = local_rank * resources.gpus_per_rank
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(
-            str(d) for d in range(first, first + resources.gpus_per_rank))
+def _host() -> str:
+    return os.uname().nodename      # what socket.gethostname() returns, without importing socket
 
 
-def run_on_rank(payload_bytes: bytes, comm, *, sys_path: List[str] = (),
+def bind_rank_environment(resources: dict, local_rank: int) -> None:
+    """Set threads and GPU binding for this rank before user code imports anything.
+
+    ``resources`` is the task's :class:`~hetflow.spec.Resources` as a dict (``meta.json``).
+    """
+    os.environ["OMP_NUM_THREADS"] = str(resources["cores_per_rank"])
+    gpus = resources["gpus_per_rank"]
+    if gpus:
+        first = local_rank * gpus
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in range(first, first + gpus))
+
+
+def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
                 keep_exception: bool = False) -> RankOutcome:
     """Run one rank's share of a task on ``comm`` (the task's communicator).
 
@@ -108,7 +178,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: List[str] = (),
         if entry and entry not in sys.path:
             sys.path.insert(0, entry)
     try:
-        payload: TaskPayload = cloudpickle.loads(payload_bytes)
+        payload: TaskPayload = pickle.loads(payload_bytes)
     except Exception as exc:  # e.g. the function's module is not importable on this rank
         return _error_outcome(rank, exc, started, time.time(), "could not unpickle the task: ")
     user_comm = comm.Dup()
@@ -128,10 +198,10 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: List[str] = (),
         except Exception:
             pass
     try:
-        value_bytes = cloudpickle.dumps(value)
+        value_bytes = dumps(value)
     except Exception as exc:
         return _error_outcome(rank, exc, started, finished, "return value cannot be pickled: ")
-    return RankOutcome(rank=rank, host=socket.gethostname(), pid=os.getpid(), ok=True,
+    return RankOutcome(rank=rank, host=_host(), pid=os.getpid(), ok=True,
                        value=value_bytes, started=started, finished=finished)
 
 
@@ -145,8 +215,8 @@ def local_rank() -> int:
     return 0
 
 
-def collect(outcomes: dict, task_id, resources: Resources, executor: str, *,
-            returncode: Optional[int] = None, stderr_tail: str = "", deaths: Optional[dict] = None,
+def collect(outcomes: dict, task_id, resources, executor: str, *,
+            returncode: int | None = None, stderr_tail: str = "", deaths: dict | None = None,
             detail: str = ""):
     """The task's value from its ranks' outcomes, or the typed error that explains why not.
 
@@ -179,7 +249,7 @@ def main(argv=None) -> int:
     taskdir = TaskDir(argv[0])
     supervise(taskdir)                     # from here on: the rank (the supervisor's child)
     meta = taskdir.read_meta()
-    bind_rank_environment(Resources(**meta["resources"]), local_rank())
+    bind_rank_environment(meta["resources"], local_rank())
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
@@ -192,9 +262,3 @@ def main(argv=None) -> int:
         world.Abort(1)
     return 0
 
-
-if __name__ == "__main__":
-    # Run the importable module, not __main__, so reports pickle as hetflow.executors._rank.*
-    from hetflow.executors import _rank
-
-    sys.exit(_rank.main())

@@ -16,8 +16,6 @@ import subprocess
 import sys
 from typing import Callable, List, Optional, Sequence
 
-import psutil
-
 from hetflow._guardian import alive
 from hetflow.errors import LaunchError
 from hetflow.executors.taskdir import PRIVATE_UMASK, Deaths, TaskDir
@@ -69,6 +67,8 @@ def mpiexec_command(mpiexec: str, ranks: int, extra: Sequence[str] = (),
 
 def kill_tree(pid: int) -> None:
     """SIGKILL a launcher and everything under it (Hydra proxies and ranks included)."""
+    import psutil   # here: only a kill needs the process tree (and ranks never import this module)
+
     try:
         parent = psutil.Process(pid)
         procs = parent.children(recursive=True) + [parent]
@@ -146,8 +146,17 @@ class MPILaunch:
 
     def kill(self) -> None:
         """SIGKILL the launcher's whole process tree (idempotent)."""
-        if self.proc is not None:
+        if self.proc is None:
+            return
+        if self.proc.returncode is None:
             kill_tree(self.proc.pid)
+            return
+        # The launcher is reaped (its pid may already name another process): what is left
+        # of the job, a task's orphans, is in the session's process group.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def wait_step(self, timeout: float) -> Optional[int]:
         """Wait up to ``timeout`` s for the launcher to end, watching the ranks meanwhile.

@@ -16,12 +16,16 @@ RP cannot time out or cancel a running function task, and a rank that dies or
 raises while its peers wait in a collective takes the whole MPI worker with it.
 hetflow therefore watches every RAPTOR task from the client (pid files and
 outcomes in the task dir): on a crash, a stuck failure, a cancel or a walltime
-it stops the worker, fails that task with the typed error, starts a new worker
-and resubmits the other tasks that were running on it (they run again).
+it stops the worker, fails that task, starts a new worker and queues the other
+tasks that were running on it again (they run again).
+
+The kernel (:mod:`hetflow.executors.kernel`) owns the queue, walltimes, cancel
+and delivery; this module is what differs for RP. Keeping RP from leaking
+processes, descriptors and environment is :mod:`hetflow.executors._rp_hygiene`.
 """
 from __future__ import annotations
 
-import io
+import dataclasses
 import itertools
 import json
 import logging
@@ -31,20 +35,25 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources as importlib_resources
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import psutil
 
-from hetflow.errors import (ConfigError, ExecutorBroken, LaunchError, TaskCancelled,
-                            WalltimeExceeded)
-from hetflow.executors._rank import (read_deaths, read_launcher_deaths, read_outcomes,
-                                     read_rank_pids, task_deaths)
-from hetflow.executors.base import HetflowExecutor, SlotScheduler, collect
-from hetflow.executors.launch import MPILaunch, ended, kill_tree, tail
+from hetflow.errors import ConfigError, ExecutorBroken, LaunchError
+from hetflow.executors._rank import TaskPayload
+from hetflow.executors._rp_hygiene import (end_leftovers, import_rp, release_client_handles,
+                                           restore_environment, rp_zmq_objects,
+                                           session_processes, set_environment)
+from hetflow.executors.kernel import Executor, Task
+from hetflow.executors.launch import ended, hydra_deaths, kill_tree, tail
+from hetflow.executors.taskdir import Deaths, TaskDir, private_dir
+from hetflow.executors.watch import EVIDENCE_GRACE_S, PEER_GRACE_S, POLL_S
 from hetflow.spec import Resources
+
+__all__ = ["LOCAL_RESOURCE", "MODES", "RadicalExecutor", "local_resource_config",
+           "session_processes"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,32 +61,20 @@ logger = logging.getLogger(__name__)
 LOCAL_RESOURCE = "hetflow.local"
 MODES = ("auto", "raptor", "exec")
 _FINAL = ("DONE", "FAILED", "CANCELED")
-#: Seconds a RAPTOR task may sit with a failed rank before its peers count as stuck.
-_FAILURE_GRACE_S = 1.0
-
-_RP_ENV = ("RADICAL_CONFIG_USER_DIR", "RADICAL_PILOT_BASE", "RADICAL_BASE", "RADICAL_REPORT",
-           "RADICAL_DEFAULT_IFACE", "RADICAL_LOG_LVL", "PATH")
+_WORKER_LOST = "the RAPTOR MPI worker running this task was lost"
 
 
 @dataclass
-class _Task:
-    """Client-side record of one hetflow task inside the pilot."""
+class _InPilot:
+    """The radical runtime's handle on a running task (``Task.handle``)."""
 
-    task_id: int
-    future: Future
-    resources: Resources
-    taskdir: str
-    payload: bytes
-    path: str                       # "raptor" or "exec"
-    slots: list = field(default_factory=list)
-    rp_task: object = None
-    launched: float = float("nan")
-    deadline: Optional[float] = None
-    error: Optional[BaseException] = None   # decided by the client (cancel, walltime)
-    failed_seen: Optional[float] = None
+    path: str                               # "raptor" or "exec"
+    taskdir: TaskDir
+    uid: str = ""                           # its RP task's uid (we name them: _next_uid)
+    failed_seen: Optional[float] = None     # when a rank's failure was first seen (RAPTOR)
 
 
-class RadicalExecutor(HetflowExecutor):
+class RadicalExecutor(Executor):
     """A Parsl executor running hetflow MPI apps inside one RADICAL-Pilot pilot.
 
     resource / config_dir: the RP resource label and a folder of ``resource_*.json``
@@ -93,7 +90,7 @@ class RadicalExecutor(HetflowExecutor):
                  pilot: Optional[dict] = None, sandbox_dir: Optional[str] = None,
                  keep_sandbox: bool = False, mode: str = "auto",
                  startup_timeout: float = 300.0, gpus: Optional[int] = None):
-        super().__init__(label=label, max_ranks=max_ranks, gpus=gpus)
+        super().__init__(label, max_ranks=max_ranks, gpus=gpus)
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
         if (resource is None) != (config_dir is None) and resource not in (None, LOCAL_RESOURCE):
@@ -112,37 +109,31 @@ class RadicalExecutor(HetflowExecutor):
         self.startup_timeout = startup_timeout
         #: Seconds each start-up / close phase took (session, pilot, raptor, close).
         self.timings: Dict[str, float] = {}
-        self._cond = threading.Condition()
-        self._scheduler = SlotScheduler(self.max_ranks)
-        self._queued: Dict[Future, _Task] = {}
-        self._running: Dict[str, _Task] = {}      # RP uid -> task
+        self.rank_env: Dict[str, str] = {}          # environment RP tasks (the ranks) get
+        self._running: Dict[str, Task] = {}         # RP uid -> task, under self._lock
         self._uid_counter = itertools.count()
-        self._stopping = False
         self._session = None
         self._saved_env: Dict[str, Optional[str]] = {}
-        self._threads: List[threading.Thread] = []
-        self._worker_root: Optional[int] = None   # pid of the RAPTOR worker's mpiexec
-        self.rank_env: Dict[str, str] = {}          # environment RP tasks (the ranks) get
+        self._rp_before: set = set()
+        self._watchdog: Optional[threading.Thread] = None
+        self._worker_root: Optional[int] = None    # pid of the RAPTOR worker's mpiexec
 
-    # ------------------------------------------------------------------ start / stop
-    def start(self) -> None:
-        self.base = os.path.abspath(self.sandbox_dir or os.path.join(self.run_dir, "radical"))
-        self.task_root = os.path.join(self.base, "tasks")
-        os.makedirs(self.task_root, exist_ok=True)
-        self.status_dir = os.path.join(self.base, "rank-status")
-        os.makedirs(self.status_dir, exist_ok=True)
+    # ------------------------------------------------------------------ the pilot's life
+    def _start_runtime(self) -> None:
+        self.base = os.path.abspath(self.sandbox_dir or self.run_root)
+        self.task_root = private_dir(os.path.join(self.base, "tasks"))
+        self.status_dir = private_dir(os.path.join(self.base, "rank-status"))
         self._set_environment()
-        self._rp_before = _rp_zmq_objects()
+        self._rp_before = rp_zmq_objects()
         try:
             self._start_pilot()
         except BaseException:
             self._close_session()
             raise
-        for target in (self._dispatch, self._watch):
-            thread = threading.Thread(target=target, name=f"{self.label}-{target.__name__}",
-                                      daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        if self.mode != "exec":
+            self._watchdog = threading.Thread(target=self._watch_raptor, daemon=True,
+                                              name=f"{self.label}-raptor-watch")
+            self._watchdog.start()
 
     def _set_environment(self) -> None:
         """RP reads its dirs and interface from the environment: point them at the run dir."""
@@ -173,17 +164,14 @@ class RadicalExecutor(HetflowExecutor):
         os.makedirs(env["TMPDIR"], exist_ok=True)
         # The client's own temp dir is fixed before TMPDIR changes (tempfile caches it).
         self.rank_env = {"TMPDIR": tempfile.gettempdir()}
-        for key, value in env.items():
-            self._saved_env[key] = os.environ.get(key)
-            if value:
-                os.environ[key] = value
+        self._saved_env = set_environment(env)
         os.makedirs(env["RADICAL_PILOT_BASE"], exist_ok=True)
 
     def pilot_cores(self) -> int:
         """Cores the local pilot claims: worker + master + room for executable tasks.
 
-        The client-side scheduler keeps real use within ``max_ranks``; the pilot
-        only needs enough (fake) cores that RP never blocks a task hetflow admitted.
+        The kernel's scheduler keeps real use within ``max_ranks``; the pilot only
+        needs enough (fake) cores that RP never blocks a task hetflow admitted.
         """
         return 2 * self.max_ranks + 1
 
@@ -232,35 +220,28 @@ class RadicalExecutor(HetflowExecutor):
         """Run one no-op task on the whole worker: it is up, and its mpiexec is known."""
         rp = import_rp()
 
-        taskdir = os.path.join(self.task_root, f"probe-{time.time_ns()}")
-        os.makedirs(taskdir)
-        payload = self.payload(-1, _noop, (), {}, Resources(ranks=self.max_ranks))
-        td = self._function_description(payload, taskdir, self.max_ranks)
-        task = self._raptor.submit_tasks([td])[0]
-        task.wait([rp.DONE, rp.FAILED, rp.CANCELED], timeout=self.startup_timeout)
-        if task.state != rp.DONE:
+        taskdir = TaskDir(private_dir(os.path.join(self.task_root, f"probe-{time.time_ns()}")))
+        payload = TaskPayload(task_id=-1, func=_noop, args=(), kwargs={},
+                              resources=Resources(ranks=self.max_ranks)).dumps()
+        rp_task = self._raptor.submit_tasks(
+            [self._function_description(payload, taskdir, self.max_ranks)])[0]
+        rp_task.wait([rp.DONE, rp.FAILED, rp.CANCELED], timeout=self.startup_timeout)
+        if rp_task.state != rp.DONE:
             raise LaunchError(f"RAPTOR MPI worker of {self.max_ranks} ranks did not run a task "
-                              f"(state {task.state}): {task.stderr}",
+                              f"(state {rp_task.state}): {rp_task.stderr}",
                               logs=[os.path.join(self.base, "sandbox")])
-        self._worker_root = _launcher_of(read_rank_pids(taskdir))
-        shutil.rmtree(taskdir, ignore_errors=True)
+        self._worker_root = _launcher_of(taskdir.pids())
+        taskdir.remove()
 
-    def shutdown(self) -> None:
-        with self._cond:
-            queued = self.drain_queue(self._scheduler, self._cond)
-            running = list(self._running.values())
-            self._running.clear()
-        self.fail_unfinished((task.task_id, task.future) for task in queued + running)
-        for thread in self._threads:
-            thread.join(timeout=10)
+    def _stop_runtime(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.join(timeout=10)
         self._close_session()
-        if not self.keep_sandbox:
+        if not self.keep_sandbox and getattr(self, "base", None):
             shutil.rmtree(self.base, ignore_errors=True)
-        super().shutdown()
 
     def _close_session(self) -> None:
         t0 = time.time()
-        me = psutil.Process()
         if self._worker_root is not None:
             kill_tree(self._worker_root)   # don't wait for RP to wind the worker down
         if self._session is not None:
@@ -273,43 +254,42 @@ class RadicalExecutor(HetflowExecutor):
             except Exception:
                 pass
             self._session = None
-            release_client_handles(self.base, getattr(self, "_rp_before", set()))
-        # Whatever RP left running (bridges, agent, launchers) is ended here.
-        for proc in me.children(recursive=True) + session_processes(self.base):
-            try:
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    kill_tree(proc.pid)
-            except psutil.NoSuchProcess:
-                pass
-        for key, value in self._saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        self._saved_env.clear()
+            release_client_handles(self.base, self._rp_before)
+        end_leftovers(self.base)
+        restore_environment(self._saved_env)
         self.timings["close_s"] = time.time() - t0
 
-    # ------------------------------------------------------------------ submit
-    def submit(self, func, resource_specification, *args, **kwargs) -> Future:
-        if self._stopping:
-            raise ExecutorBroken(f"executor {self.label!r} is shut down")
-        task_id, resources, future = self.new_task(resource_specification)
-        taskdir = os.path.join(self.task_root, f"task-{task_id:06d}")
-        payload = self.payload(task_id, func, args, kwargs, resources)
-        path = "exec" if self.mode == "exec" or (self.mode == "auto" and resources.walltime) \
-            else "raptor"
-        if path == "exec":
-            # The launch-per-task layout the shared rank runner reads (task.pkl, meta.json).
-            MPILaunch(taskdir, payload, resources, self.client_sys_path(), [], {})
+    # ------------------------------------------------------------------ starting tasks
+    def _start(self, task: Task) -> None:
+        """Submit ``task`` to RP (first run, or again after its worker was recycled)."""
+        if task.handle is None:
+            path = "exec" if self.mode == "exec" or (self.mode == "auto"
+                                                     and task.resources.walltime) else "raptor"
+            task.handle = _InPilot(path, TaskDir(os.path.join(self.task_root,
+                                                              f"task-{task.id:06d}")))
+        handle: _InPilot = task.handle
+        if handle.path == "exec":
+            handle.taskdir.create(task.payload, dataclasses.asdict(task.resources),
+                                  self.client_sys_path())
+            description, submit = self._executable_description(task), self._tmgr.submit_tasks
         else:
-            os.makedirs(taskdir, exist_ok=True)
-        task = _Task(task_id=task_id, future=future, resources=resources, taskdir=taskdir,
-                     payload=payload, path=path)
-        with self._cond:
-            self._queued[future] = task
-            self._scheduler.push(task, resources.cores)
-            self._cond.notify()
-        return future
+            handle.taskdir.clear()          # a task run again must not see its last run's files
+            private_dir(handle.taskdir.path)
+            description = self._function_description(task.payload, handle.taskdir,
+                                                     task.resources.ranks)
+            submit = self._raptor.submit_tasks
+        # Known before RP is: its state callback may come before submit_tasks returns.
+        handle.uid, handle.failed_seen = description["uid"], None
+        with self._lock:
+            self._running[handle.uid] = task
+        try:
+            submit([description])
+        except Exception as exc:
+            with self._lock:
+                self._running.pop(handle.uid, None)
+            raise LaunchError(f"could not submit task {task.id} to RADICAL-Pilot: {exc}") from exc
+        if task.error is not None:          # stopped while it was being submitted
+            self._stop(task, task.error)
 
     def _next_uid(self) -> str:
         """A uid for the next RP task, so RP does not draw one itself.
@@ -321,360 +301,194 @@ class RadicalExecutor(HetflowExecutor):
         """
         return f"hetflow.{next(self._uid_counter):06d}"
 
-    def _function_description(self, payload: bytes, taskdir: str, ranks: int):
+    def _function_description(self, payload: bytes, taskdir: TaskDir, ranks: int):
         from hetflow.executors._radical_rank import raptor_rank
         rp = import_rp()
 
         # The worker puts the task's communicator where the first argument is None.
         return rp.TaskDescription({
             "uid": self._next_uid(), "mode": rp.TASK_FUNCTION, "ranks": ranks,
-            "function": rp.PythonTask(raptor_rank, [None, payload, taskdir,
+            "function": rp.PythonTask(raptor_rank, [None, payload, taskdir.path,
                                                    self.client_sys_path()], {})})
 
-    def _executable_description(self, task: _Task):
+    def _executable_description(self, task: Task):
         rp = import_rp()
 
         return rp.TaskDescription({
             "uid": self._next_uid(), "mode": rp.TASK_EXECUTABLE, "ranks": task.resources.ranks,
             "cores_per_rank": task.resources.cores_per_rank,
             "executable": sys.executable,
-            "arguments": ["-m", "hetflow.executors._rank", task.taskdir],
+            "arguments": ["-m", "hetflow.executors._rank", task.handle.taskdir.path],
             "environment": dict(self.rank_env)})
-
-    def _dispatch(self) -> None:
-        while True:
-            with self._cond:
-                ready = self.next_ready(self._scheduler, self._cond)
-                if ready is None:
-                    return
-                for task, slots in ready:
-                    self._queued.pop(task.future, None)
-                    task.slots = slots
-            self._submit_to_rp([task for task, _ in ready])
-
-    def _submit_to_rp(self, tasks: List[_Task]) -> None:
-        functions = [t for t in tasks if t.path == "raptor"]
-        executables = [t for t in tasks if t.path == "exec"]
-        try:
-            submitted = []
-            if functions:
-                tds = [self._function_description(t.payload, t.taskdir, t.resources.ranks)
-                       for t in functions]
-                submitted += list(zip(functions, self._raptor.submit_tasks(tds)))
-            if executables:
-                tds = [self._executable_description(t) for t in executables]
-                submitted += list(zip(executables, self._tmgr.submit_tasks(tds)))
-        except BaseException as exc:  # noqa: BLE001 - the futures must learn about it
-            for task in tasks:
-                self._finish(task, error=LaunchError(f"could not submit task {task.task_id} "
-                                                     f"to RADICAL-Pilot: {exc}"))
-            return
-        now = time.time()
-        with self._cond:
-            for task, rp_task in submitted:
-                task.rp_task = rp_task
-                task.launched = now
-                if task.resources.walltime:
-                    task.deadline = now + task.resources.walltime
-                self._running[rp_task.uid] = task
-            finished = [(t, r) for t, r in submitted if r.state in _FINAL]
-        for task, rp_task in finished:   # a callback may have fired before the record existed
-            self._state_cb(rp_task, rp_task.state)
 
     # ------------------------------------------------------------------ completion
     def _state_cb(self, rp_task, state) -> None:
+        """RP's report that one of its tasks ended (on RP's callback thread)."""
         if state not in _FINAL:
             return
-        with self._cond:
-            task = self._running.pop(rp_task.uid, None)
-        if task is None:    # an abandoned copy (worker recycled) or a probe
+        with self._lock:
+            task = self._running.get(rp_task.uid)
+        if task is None:    # an abandoned copy (worker recycled, task stopped) or the probe
             return
+        if task.handle.path == "raptor" and _worker_lost(task.handle.taskdir):
+            return   # RP saw the worker die first: the watchdog recycles it (not on RP's thread)
+        with self._lock:
+            if self._running.pop(rp_task.uid, None) is None:
+                return
         if task.error is not None:
-            self._finish(task, error=task.error)
+            self._finish(task)
             return
         try:
-            stderr = rp_task.stderr
-            if isinstance(stderr, list):
-                stderr = "\n".join(s or "" for s in stderr)
             exit_code = rp_task.exit_code
             if isinstance(exit_code, list):
                 exit_code = max((c for c in exit_code if c is not None), default=None)
-            value = collect(read_outcomes(task.taskdir), task.resources, task_id=task.task_id,
-                            returncode=exit_code if state != "DONE" or exit_code else None,
-                            stderr_tail=(stderr or "")[-4000:], executor=self.label,
-                            deaths=task_deaths(task.taskdir))
-        except BaseException as exc:  # noqa: BLE001
+            evidence = dict(returncode=exit_code if state != "DONE" or exit_code else None,
+                            stderr_tail=_text(rp_task.stderr)[-4000:],
+                            deaths=self._deaths(task, _text(rp_task.stdout)))
+        except BaseException as exc:  # noqa: BLE001 - the future must learn of it
             self._finish(task, error=exc)
             return
-        self._finish(task, value=value)
+        self._complete(task, task.handle.taskdir.outcomes(), **evidence)
+        if task.future.exception() is None and not self.keep_sandbox:
+            task.handle.taskdir.remove()
 
-    def _finish(self, task: _Task, value=None, error: Optional[BaseException] = None) -> None:
-        with self._cond:
-            self._scheduler.release(task.slots)
-            task.slots = []
-            self._cond.notify()
-        stamps = {"launched": task.launched}
-        try:
-            root = read_outcomes(task.taskdir).get(0)
-        except OSError:
-            root = None
-        if root is not None:
-            stamps.update(started=root.started, finished=root.finished,
-                          launched=min(task.launched, root.started))
-        if error is None and not self.keep_sandbox:
-            shutil.rmtree(task.taskdir, ignore_errors=True)
-        self.deliver(task.future, value, error, stamps)
+    def _deaths(self, task: Task, launcher_output: str = "") -> Deaths:
+        """How the task's ranks died, the cause first (``TaskDir.deaths``), with what RP
+        saw plugged in: Hydra's report of an executable task, a RAPTOR worker's exits."""
+        taskdir = task.handle.taskdir
+        if task.handle.path == "exec":
+            return taskdir.deaths(lambda: hydra_deaths(taskdir, launcher_output))
+        return taskdir.deaths(lambda: self._worker_deaths(taskdir))
 
-    # ------------------------------------------------------------------ watchdog
-    def _watch(self) -> None:
-        """Enforce walltimes and notice RAPTOR tasks the worker will never report."""
-        while not self._stopping:
-            time.sleep(0.02)  # a SIGKILLed rank must be seen before Hydra stops its peers
-            now = time.time()
-            with self._cond:
-                running = list(self._running.items())
-            for uid, task in running:
-                if task.error is not None:
-                    continue
-                try:
-                    if task.deadline is not None and now > task.deadline:
-                        self._stop(task, WalltimeExceeded(
-                            f"task {task.task_id} ({self.label}) exceeded its walltime of "
-                            f"{task.resources.walltime} s and was stopped",
-                            walltime=task.resources.walltime, task_id=task.task_id))
-                    elif task.path == "raptor":
-                        self._check_raptor(task, now)
-                except Exception:  # noqa: BLE001 - the watchdog serves every task; it must live
-                    logger.exception("watchdog could not check task %s (%s); checking again",
-                                     task.task_id, uid)
+    def _worker_deaths(self, taskdir: TaskDir) -> Deaths:
+        """Name how RAPTOR worker ranks that vanished without evidence (SIGKILL) died.
 
-    def _check_raptor(self, task: _Task, now: float) -> None:
-        pids = read_rank_pids(task.taskdir)
-        dead = [rank for rank, pid in pids.items() if ended(pid)]
-        failed = any(not o.ok for o in _safe_outcomes(task.taskdir).values())
-        if failed and task.failed_seen is None:
-            task.failed_seen = now
-        stuck = failed and now - task.failed_seen > _FAILURE_GRACE_S
-        if dead or stuck:
-            value, error = None, None
-            deaths = read_deaths(task.taskdir)
-            if dead and not deaths:
-                deaths = self._launcher_deaths(task, dead)
-            try:
-                value = collect(_safe_outcomes(task.taskdir), task.resources,
-                                task_id=task.task_id, executor=self.label,
-                                deaths=deaths,
-                                stderr_tail="the RAPTOR MPI worker running this task was lost")
-            except BaseException as exc:  # noqa: BLE001 - this is the task's verdict
-                error = exc
-            self._recycle(task, error, value)
-
-    def _launcher_deaths(self, task: _Task, dead: List[int], wait_s: float = 3.0) -> dict:
-        """Name how ranks that vanished without evidence (SIGKILL) died.
-
-        The worker's Hydra prints "PID n ... EXIT CODE: c ... (signal s)" to the worker's
-        stdout in the pilot sandbox once it has cleaned up; the task's ``pid-<rank>``
-        files map that pid back to a rank. Without that report the vanished ranks are
-        still the ones named, with what is known.
+        RP's launch script records each worker rank's exit status (``$RP_RET``, see
+        :meth:`_start_worker`); failing that, the worker's Hydra prints "PID n ...
+        EXIT CODE: c ... (signal s)" to its stdout in the pilot sandbox. Both may take
+        a moment: they are awaited up to ``EVIDENCE_GRACE_S``, then the vanished
+        ranks are named with what is known.
         """
-        deadline = time.time() + wait_s
+        dead = {rank: pid for rank, pid in taskdir.pids().items() if ended(pid)}
+        if not dead:
+            return {}
         sandbox = os.path.join(self.base, "sandbox")
-        pids = read_rank_pids(task.taskdir)
+        deadline = time.monotonic() + EVIDENCE_GRACE_S
         while True:
-            found = rank_exit_statuses(self.status_dir, {r: pids[r] for r in dead if r in pids})
-            if found:
-                return found
+            found = rank_exit_statuses(self.status_dir, dead)
             for root, _, files in os.walk(sandbox):
                 for name in files:
-                    if not name.endswith(".out"):
-                        continue
-                    found = read_launcher_deaths(task.taskdir, tail(os.path.join(root, name),
-                                                                    20000))
-                    if found:
-                        return found
-            if time.time() > deadline:
+                    if not found and name.endswith(".out"):
+                        found = hydra_deaths(taskdir, tail(os.path.join(root, name), 20000))
+            if found:
+                return found
+            if time.monotonic() > deadline:
                 return {rank: ("vanished (killed from outside; no exit status was visible)", "")
                         for rank in dead}
             time.sleep(0.2)
 
-    def _stop(self, task: _Task, error: BaseException) -> None:
-        """Stop one running task with ``error`` (walltime or cancel)."""
-        if task.path == "exec":
-            task.error = error
+    # ------------------------------------------------------------------ watching and stopping
+    def _watch_raptor(self) -> None:
+        """Notice RAPTOR tasks the worker will never report: a rank died, or one failed
+        and its peers have waited longer than ``PEER_GRACE_S`` (stuck in a collective)."""
+        while not self._stopping:
+            time.sleep(POLL_S)  # a SIGKILLed rank must be seen before Hydra stops its peers
+            with self._lock:
+                running = [t for t in self._running.values()
+                           if t.handle.path == "raptor" and t.error is None]
+            for task in running:
+                try:
+                    if self._lost_or_stuck(task.handle):
+                        self._recycle(task)
+                except Exception:  # noqa: BLE001 - the watchdog serves every task; it must live
+                    logger.exception("watchdog could not check task %s; checking again", task.id)
+
+    @staticmethod
+    def _lost_or_stuck(handle: _InPilot) -> bool:
+        if _worker_lost(handle.taskdir):
+            return True
+        if any(not o.ok for o in handle.taskdir.outcomes().values()):
+            now = time.monotonic()
+            if handle.failed_seen is None:
+                handle.failed_seen = now
+            return now - handle.failed_seen > PEER_GRACE_S
+        return False
+
+    def _stop(self, task: Task, error: Optional[BaseException]) -> None:
+        """A RAPTOR task takes its worker down (see :meth:`_recycle`); an executable
+        task is cancelled in RP and its ranks killed."""
+        handle: Optional[_InPilot] = task.handle
+        if handle is None:
+            return           # not submitted yet: _start sees task.error and stops it
+        if handle.path == "raptor" and not self._stopping:
+            self._recycle(task)
+            return
+        with self._lock:
+            if self._running.pop(handle.uid, None) is None:
+                return
+        deaths = self._deaths(task) if task.error is None else None
+        if handle.path == "exec":
             try:
-                self._tmgr.cancel_tasks(task.rp_task.uid)
+                self._tmgr.cancel_tasks(handle.uid)
             except Exception:
                 pass
-            # RP reports CANCELED a moment later; don't let the caller wait on it.
-            with self._cond:
-                self._running.pop(task.rp_task.uid, None)
-            kill_tree_of(task.taskdir)
-            self._finish(task, error=error)
-        else:
-            self._recycle(task, error)
+            kill_tree_of(handle.taskdir.path)
+        # (RAPTOR at shutdown: the worker goes with the session.)
+        self._complete(task, handle.taskdir.outcomes(), deaths=deaths)
 
-    def _recycle(self, task: _Task, error: Optional[BaseException], value=None) -> None:
-        """Stop the RAPTOR worker, fail ``task``, restart the worker, rerun its neighbours."""
-        with self._cond:
-            if self._running.pop(task.rp_task.uid, None) is None:
-                return
-            neighbours = [t for uid, t in self._running.items() if t.path == "raptor"]
+    def _recycle(self, task: Task) -> None:
+        """Stop the RAPTOR worker, fail ``task``, restart the worker, rerun its neighbours.
+
+        The verdict is the kernel's (cancel, walltime) or else the ranks' reports,
+        read before the worker is killed (killing it ends every rank).
+        """
+        with self._lock:
+            if self._running.pop(task.handle.uid, None) is None:
+                return       # reported, or recycled by another thread, meanwhile
+            neighbours = [t for t in self._running.values() if t.handle.path == "raptor"]
             for t in neighbours:
-                self._running.pop(t.rp_task.uid, None)
-        root = _launcher_of(read_rank_pids(task.taskdir)) or self._worker_root
+                self._running.pop(t.handle.uid, None)
+        deaths = self._deaths(task) if task.error is None else None
+        root = next(filter(None, (_launcher_of(t.handle.taskdir.pids())
+                                  for t in [task] + neighbours)), self._worker_root)
         if root is not None:
             kill_tree(root)
-        self._finish(task, value=value, error=error)
-        try:
-            self._start_worker()
-        except BaseException as exc:  # noqa: BLE001
-            for t in neighbours:
-                self._finish(t, error=ExecutorBroken(f"RAPTOR worker could not restart: {exc}"))
-            return
-        for t in neighbours:
-            for name in os.listdir(t.taskdir):
-                os.remove(os.path.join(t.taskdir, name))
         self._worker_root = None
-        if neighbours:
-            self._submit_to_rp(neighbours)
-
-    def cancel(self, future: Future) -> bool:
-        """Cancel a queued or running task: its future fails with TaskCancelled."""
-        with self._cond:
-            task = self._queued.pop(future, None)
-            if task is not None:
-                self._scheduler.remove(task)
-        if task is not None:
-            self.deliver(future, error=TaskCancelled(
-                f"task {task.task_id} ({self.label}) was cancelled before it started"))
-            return True
-        with self._cond:
-            running = [t for t in self._running.values() if t.future is future]
-        if not running:
-            return False
-        self._stop(running[0], TaskCancelled(
-            f"task {running[0].task_id} ({self.label}) was cancelled while running"))
-        return True
+        if not self._stopping:       # (at shutdown the kernel fails the neighbours)
+            try:
+                self._start_worker()
+            except Exception as exc:  # noqa: BLE001 - the neighbours must learn of it
+                for t in neighbours:
+                    self._finish(t, error=ExecutorBroken(f"RAPTOR worker could not restart: "
+                                                         f"{exc}"))
+            else:
+                with self._lock:     # atomically: the freed slots go to the neighbours first
+                    for t in neighbours:
+                        self._release(t.slots)
+                        self._requeue(t)
+        self._complete(task, task.handle.taskdir.outcomes(), deaths=deaths,
+                       stderr_tail=_WORKER_LOST)
 
 
 # ---------------------------------------------------------------------- helpers
-def import_rp():
-    """``radical.pilot``, without its warning that ``logging`` was imported first.
-
-    radical.utils patches ``logging`` for fork safety and warns when it comes too
-    late; hetflow never forks with logging locks held, and the warning would fail
-    any program (or test suite) that turns warnings into errors.
-    """
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import radical.pilot as rp
-    return rp
-
-
-def session_processes(base: str) -> List[psutil.Process]:
-    """Live processes started for the RP session whose files live under ``base``.
-
-    RP daemonises its bridges and agent (their parent is init), so they are not
-    the client's children: they are recognised by working directory or by the
-    ``RADICAL_PILOT_BASE`` in their environment.
-    """
-    found = []
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid", "cwd", "status"]):
-        try:
-            if proc.info["pid"] == me or proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            cwd = proc.info["cwd"] or ""
-            if cwd == base or cwd.startswith(base + os.sep) or \
-                    (proc.environ().get("RADICAL_PILOT_BASE") or "").startswith(base):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return found
-
-
-def _rp_zmq_objects() -> set:
-    """Ids of the live radical.utils.zmq objects (publishers, queues, registry clients)."""
-    import gc
-
-    return {id(obj) for obj in gc.get_objects() if _is_rp_zmq(obj)}
-
-
-def _is_rp_zmq(obj) -> bool:
-    module = type(obj).__dict__.get("__module__") if not isinstance(obj, type) else None
-    return isinstance(module, str) and module.startswith("radical.utils.zmq")
-
-
-def release_client_handles(base: str, before: set) -> None:
-    """Close what RP's client keeps open after ``session.close()`` (~80 descriptors).
-
-    RP 1.103 leaves, per session: its ZMQ publishers, subscribers, queues and
-    registry clients with their sockets and private contexts ("rely on GC for
-    destruction", but the objects stay referenced); log handlers and profilers
-    writing into the session dir; and one descriptor per ``ru.write_json`` call,
-    which discards the fd ``tempfile.mkstemp`` returns. Only what this session made
-    is closed: zmq objects that did not exist before it started, files under ``base``.
-    """
-    import gc
-
-    import zmq
-
-    shared = zmq.Context._instance            # RP's subscribers share it; it stays
-    for obj in gc.get_objects():
-        if id(obj) in before or not _is_rp_zmq(obj):
-            continue
-        values = []
-        for value in getattr(obj, "__dict__", {}).values():
-            values.extend(value if isinstance(value, (list, tuple)) else [value])
-        for value in values:
-            if isinstance(value, zmq.Socket) and not value.closed:
-                value.close(linger=0)
-        for value in values:
-            if isinstance(value, zmq.Context) and value is not shared and not value.closed:
-                value.destroy(linger=0)
-    prefix = base + os.sep
-    loggers = [logging.getLogger()] + [each for each in
-                                       logging.Logger.manager.loggerDict.values()
-                                       if isinstance(each, logging.Logger)]
-    for each in loggers:
-        for handler in list(each.handlers):
-            if getattr(handler, "baseFilename", "").startswith(prefix):
-                each.removeHandler(handler)
-                handler.close()
-    try:
-        from radical.utils import profile
-        for entry in list(profile._profilers):
-            profiler, fname = entry
-            if str(fname).startswith(prefix):
-                profiler.close()
-                profile._profilers.remove(entry)
-    except (ImportError, AttributeError, ValueError):
-        pass
-    # Contexts RP dropped without destroying sit in reference cycles: collect them now.
-    gc.collect()
-    # Descriptors into the session dir that no Python file object owns: write_json's.
-    owned = {obj.fileno() for obj in gc.get_objects()
-             if isinstance(obj, io.FileIO) and not obj.closed}
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(prefix) and fd not in owned:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
 def _noop():
     return None
 
 
-def rank_exit_statuses(status_dir: str, pids: Dict[int, int]) -> dict:
+def _text(output) -> str:
+    """RP's stdout/stderr of a task: one string, or one per rank."""
+    if isinstance(output, list):
+        return "\n".join(s or "" for s in output)
+    return output or ""
+
+
+def _worker_lost(taskdir: TaskDir) -> bool:
+    """Whether a rank of the RAPTOR worker running this task has ended (they never do
+    while the worker lives)."""
+    return any(ended(pid) for pid in taskdir.pids().values())
+
+
+def rank_exit_statuses(status_dir: str, pids: Dict[int, int]) -> Deaths:
     """``{rank: (description, "")}`` for worker ranks whose exit status RP's launch
     script recorded (see ``RadicalExecutor._start_worker``): ``128 + s`` is bash's
     status of a process killed by signal ``s``."""
@@ -690,13 +504,6 @@ def rank_exit_statuses(status_dir: str, pids: Dict[int, int]) -> dict:
     return dict(sorted(deaths.items()))
 
 
-def _safe_outcomes(taskdir: str) -> dict:
-    try:
-        return read_outcomes(taskdir)
-    except (OSError, EOFError):
-        return {}
-
-
 def _launcher_of(pids: Dict[int, int]) -> Optional[int]:
     """The pid of the ``mpiexec`` that started these ranks (the RAPTOR worker's)."""
     for pid in pids.values():
@@ -704,19 +511,18 @@ def _launcher_of(pids: Dict[int, int]) -> Optional[int]:
             for parent in psutil.Process(pid).parents():
                 if parent.name().startswith("mpiexec"):
                     return parent.pid
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             continue
     return None
 
 
 def kill_tree_of(taskdir: str) -> None:
     """SIGKILL the ranks of an executable task (their command line ends in ``taskdir``)."""
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in psutil.process_iter():
         try:
-            if (proc.info["cmdline"] or [""])[-1] == taskdir:
-                root = _launcher_of({0: proc.pid}) or proc.pid
-                kill_tree(root)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            if (proc.cmdline() or [""])[-1] == taskdir:
+                kill_tree(_launcher_of({0: proc.pid}) or proc.pid)
+        except (psutil.Error, OSError):    # it ended meanwhile
             pass
 
 

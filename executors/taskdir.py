@@ -30,13 +30,12 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import shutil
-from typing import Callable, Dict, Optional, Tuple
+from collections.abc import Callable
 
 from hetflow._private import PRIVATE_UMASK, private_dir, private_umask, user_umask  # noqa: F401
 
 #: ``{rank: (description, text)}``: how ranks died, the cause first.
-Deaths = Dict[int, Tuple[str, str]]
+Deaths = dict[int, tuple[str, str]]
 
 PAYLOAD, META, CANCEL, LAUNCHER = "task.pkl", "meta.json", "cancel", "launcher.json"
 
@@ -101,11 +100,15 @@ class TaskDir:
 
     def clear(self) -> None:
         """Empty the dir (a task that runs again must not see its last run's files)."""
+        import shutil   # client side only: ranks do not pay for it
+
         for name in self._names():
             path = self.file(name)
             shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
 
     def remove(self) -> None:
+        import shutil
+
         shutil.rmtree(self.path, ignore_errors=True)
 
     # ------------------------------------------------------------------ rank side
@@ -177,7 +180,7 @@ class TaskDir:
     def has_outcome(self, rank: int) -> bool:
         return os.path.exists(self.file(f"rank-{rank}.pkl"))
 
-    def pids(self) -> Dict[int, int]:
+    def pids(self) -> dict[int, int]:
         """``{rank: pid}`` from the ``pid-<rank>`` files."""
         pids = {}
         for name in self._names():
@@ -193,14 +196,14 @@ class TaskDir:
         """A rank that reached the runner leaves ``fault-<rank>.txt``."""
         return any(name.startswith("fault-") for name in self._names())
 
-    def read_launcher(self) -> Optional[dict]:
+    def read_launcher(self) -> dict | None:
         try:
             with open(self.file(LAUNCHER)) as fh:
                 return json.load(fh)
         except (OSError, ValueError):
             return None
 
-    def load_status(self, pid: int) -> Optional[dict]:
+    def load_status(self, pid: int) -> dict | None:
         """The supervisor's record ``{"signal": s}`` or ``{"exitcode": c}`` (with ``"at"``), or None."""
         try:
             with open(self.status_path(pid)) as fh:
@@ -227,7 +230,7 @@ class TaskDir:
                 continue
         return dict(sorted(deaths.items()))
 
-    def supervised_ends(self) -> Dict[int, Tuple[str, float]]:
+    def supervised_ends(self) -> dict[int, tuple[str, float]]:
         """``{rank: (description, at)}`` from the supervisors' records, earliest end first."""
         ends = {}
         for rank, pid in self.pids().items():

@@ -1,19 +1,23 @@
 """hetflow: MPI apps on heterogeneous communicators, through interchangeable runtimes.
 
-The public surface is this module's ``__all__``. Parsl-facing names load lazily
-so that MPI ranks, which only need the rank-side runner, start fast.
+The public surface is this module's ``__all__``. Every name loads on first use, so
+that an MPI rank, which imports this package on its way to the rank-side runner,
+pays for nothing a no-op task does not need (the errors module alone pulls in
+``concurrent.futures`` and ``logging``).
 """
 import importlib
 
-from hetflow.errors import (BackendUnavailable, ConfigError, ExecutorBroken, HetflowError,
-                            InputError, KeyColumnError, LaunchError, NotSupported,
-                            ResourcesUnavailable, SchemaMismatch, TaskCancelled, TaskFailed,
-                            TaskLost, WalltimeExceeded)
-from hetflow.spec import Resources
-
 __version__ = "0.1.0"
 
+_ERRORS = ("BackendUnavailable", "ConfigError", "ExecutorBroken", "HetflowError", "InputError",
+           "KeyColumnError", "LaunchError", "NotSupported", "ResourcesUnavailable",
+           "SchemaMismatch", "TaskCancelled", "TaskFailed", "TaskLost", "WalltimeExceeded")
+
+#: Submodules that ``import hetflow`` used to import eagerly: ``hetflow.errors.X`` keeps working.
+_SUBMODULES = ("errors", "spec")
+
 _LAZY = {
+    **{name: "hetflow.errors" for name in _ERRORS}, "Resources": "hetflow.spec",
     "mpi_app": "hetflow.apps", "MPIApp": "hetflow.apps", "current_comm": "hetflow._task",
     "runtime": "hetflow.runtime", "available_runtimes": "hetflow.runtime",
     "task_times": "hetflow.tasks", "TaskTimes": "hetflow.tasks", "TaskState": "hetflow.tasks",
@@ -21,10 +25,7 @@ _LAZY = {
     "keep": "hetflow.resident", "Resident": "hetflow.resident",
 }
 
-__all__ = sorted(set(_LAZY) | {
-    "Resources", "HetflowError", "ConfigError", "InputError", "ResourcesUnavailable",
-    "NotSupported", "LaunchError", "TaskFailed", "TaskLost", "WalltimeExceeded", "TaskCancelled",
-    "ExecutorBroken", "KeyColumnError", "SchemaMismatch", "BackendUnavailable"})
+__all__ = sorted(_LAZY)
 
 
 def __getattr__(name):
@@ -36,6 +37,8 @@ def __getattr__(name):
             if where == _LAZY[name]:
                 globals()[other] = getattr(module, other)
         return globals()[name]
+    if name in _SUBMODULES:
+        return importlib.import_module(f"hetflow.{name}")
     raise AttributeError(f"module 'hetflow' has no attribute {name!r}")
 
 

@@ -6,12 +6,10 @@ The rank-side runner sets the task's communicator with :class:`task_comm`;
 from __future__ import annotations
 
 import functools
-import threading
-from typing import Callable
+from _thread import _local   # threading.local itself; a rank need not import threading for it
+from collections.abc import Callable
 
-from hetflow.errors import HetflowError
-
-_task_context = threading.local()
+_task_context = _local()
 
 
 def current_comm():
@@ -50,6 +48,7 @@ class MPITask:
         kwargs.pop("parsl_resource_specification", None)
         comm = current_comm()
         if comm is None:
+            from hetflow.errors import HetflowError   # here: ranks do not pay for the errors module
             raise HetflowError(
                 f"MPI app {self.fn.__name__!r} ran outside an MPI task: no communicator "
                 "(was it submitted to an executor that is not a hetflow executor?)")

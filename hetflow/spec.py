@@ -3,19 +3,25 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
-
-from hetflow.errors import ConfigError
 
 RETURNS = ("root", "all")
 
 
-def _positive_int(name: str, value: Any, minimum: int) -> None:
+def _config_error(message: str):
+    """A :class:`~hetflow.errors.ConfigError`; the errors module loads only when one is raised
+    (a rank unpickles :class:`Resources` but need not pay for ``concurrent.futures``)."""
+    from hetflow.errors import ConfigError
+
+    return ConfigError(message)
+
+
+def _positive_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+        raise _config_error(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+        raise _config_error(f"{name} must be >= {minimum}, got {value}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +39,7 @@ class Resources:
     ranks: int = 1
     cores_per_rank: int = 1
     gpus_per_rank: int = 0
-    walltime: Optional[float] = None
+    walltime: float | None = None
     returns: str = "root"
     retries: int = 0
 
@@ -44,22 +50,22 @@ class Resources:
         _positive_int("retries", self.retries, 0)
         if self.walltime is not None:
             if isinstance(self.walltime, bool) or not isinstance(self.walltime, (int, float)):
-                raise ConfigError(f"walltime must be seconds (a number) or None, got {self.walltime!r}")
+                raise _config_error(f"walltime must be seconds (a number) or None, got {self.walltime!r}")
             if not self.walltime > 0:
-                raise ConfigError(f"walltime must be > 0 seconds, got {self.walltime}")
+                raise _config_error(f"walltime must be > 0 seconds, got {self.walltime}")
         if self.returns not in RETURNS:
-            raise ConfigError(f"returns must be one of {RETURNS}, got {self.returns!r}")
+            raise _config_error(f"returns must be one of {RETURNS}, got {self.returns!r}")
 
     @property
     def cores(self) -> int:
         """Cores the whole task occupies."""
         return self.ranks * self.cores_per_rank
 
-    def replace(self, **overrides: Any) -> "Resources":
+    def replace(self, **overrides: object) -> "Resources":
         """A copy with ``overrides`` applied; unknown keys raise ConfigError."""
         unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
         if unknown:
-            raise ConfigError(
+            raise _config_error(
                 f"unknown resource key(s) {sorted(unknown)}; expected some of "
                 f"{[f.name for f in dataclasses.fields(self)]}")
         return dataclasses.replace(self, **overrides)
@@ -69,17 +75,17 @@ class Resources:
         return {"hetflow": dataclasses.asdict(self)}
 
     @classmethod
-    def from_spec(cls, spec: Optional[Mapping[str, Any]]) -> "Resources":
+    def from_spec(cls, spec: Mapping[str, object] | None) -> "Resources":
         """Rebuild from :meth:`to_spec`'s dict; a plain Parsl app (no spec) is one rank."""
         if not spec:
             return cls()
         if "hetflow" not in spec:
-            raise ConfigError(
+            raise _config_error(
                 f"resource specification {dict(spec)!r} is not hetflow's; "
                 "decorate the function with @hetflow.mpi_app(...) instead")
         extra = set(spec) - {"hetflow"}
         if extra:
-            raise ConfigError(f"unknown resource specification key(s) {sorted(extra)}")
+            raise _config_error(f"unknown resource specification key(s) {sorted(extra)}")
         return cls().replace(**spec["hetflow"])
 
 

@@ -6,7 +6,6 @@ import os
 from typing import List, Sequence, Tuple, Union
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from hetflow.errors import InputError, SchemaMismatch
 from hetflow.frame import _check
@@ -45,6 +44,8 @@ def _expand(paths, suffixes: Tuple[str, ...]) -> List[str]:
 def read_parquet(comm, paths, *, columns=None) -> DistributedTable:
     """Read Parquet files, each rank taking a contiguous share of the row groups (balanced by
     row count), so one large file is split over ranks as well as many small ones."""
+    import pyarrow.parquet as pq   # here, not at import: it loads libparquet (like read_csv's csv)
+
     rank, size = comm.Get_rank(), comm.Get_size()
     error, table, schema = None, None, None
     try:
@@ -191,6 +192,8 @@ def to_parquet(table: DistributedTable, directory: PathLike, *, compression: str
     """Write each rank's partition to ``directory/part-RRRRR.parquet`` (collective); returns the
     directory. Empty partitions are written too, so the schema survives a round trip; part
     files left in the directory by an earlier write are removed first."""
+    import pyarrow.parquet as pq
+
     comm = table.comm
     directory = os.fspath(directory)
     error = None

@@ -1,0 +1,161 @@
+"""RADICAL-Pilot hygiene: what a client must do so RP leaves nothing behind.
+
+RP reads its directories from the environment, daemonises its bridges and agent
+(so they are not the client's children), and after ``session.close()`` its
+client still holds ~80 descriptors (ZMQ sockets and contexts, log handlers,
+profilers, files ``ru.write_json`` never closed). Nothing here is about running
+tasks: :mod:`hetflow.executors.radical` uses it around one session's life.
+"""
+from __future__ import annotations
+
+import gc
+import io
+import logging
+import os
+from typing import Dict, List, Optional
+
+import psutil
+
+from hetflow.executors.launch import kill_tree
+
+
+def import_rp():
+    """``radical.pilot``, without its warning that ``logging`` was imported first.
+
+    radical.utils patches ``logging`` for fork safety and warns when it comes too
+    late; hetflow never forks with logging locks held, and the warning would fail
+    any program (or test suite) that turns warnings into errors.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import radical.pilot as rp
+    return rp
+
+
+def set_environment(env: Dict[str, str]) -> Dict[str, Optional[str]]:
+    """Set each non-empty ``env`` value in ``os.environ``; return what each key was before."""
+    saved = {}
+    for key, value in env.items():
+        saved[key] = os.environ.get(key)
+        if value:
+            os.environ[key] = value
+    return saved
+
+
+def restore_environment(saved: Dict[str, Optional[str]]) -> None:
+    """Undo :func:`set_environment` (``saved`` is its return value; emptied here)."""
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    saved.clear()
+
+
+def session_processes(base: str) -> List[psutil.Process]:
+    """Live processes started for the RP session whose files live under ``base``.
+
+    RP daemonises its bridges and agent (their parent is init), so they are not
+    the client's children: they are recognised by working directory or by the
+    ``RADICAL_PILOT_BASE`` in their environment.
+    """
+    found = []
+    me = os.getpid()
+    # Attributes are read one process at a time: one that exits meanwhile can surface as
+    # a bare FileNotFoundError from /proc, which inside process_iter would end the scan.
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid == me or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cwd = proc.cwd() or ""
+            if cwd == base or cwd.startswith(base + os.sep) or \
+                    (proc.environ().get("RADICAL_PILOT_BASE") or "").startswith(base):
+                found.append(proc)
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
+def end_leftovers(base: str) -> None:
+    """Kill whatever RP left running after its session closed: the client's own
+    children (launchers, bridges not yet daemonised) and the session's daemons."""
+    for proc in psutil.Process().children(recursive=True) + session_processes(base):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                kill_tree(proc.pid)
+        except (psutil.Error, OSError):    # it ended meanwhile
+            pass
+
+
+def rp_zmq_objects() -> set:
+    """Ids of the live radical.utils.zmq objects (publishers, queues, registry clients)."""
+    return {id(obj) for obj in gc.get_objects() if _is_rp_zmq(obj)}
+
+
+def _is_rp_zmq(obj) -> bool:
+    module = type(obj).__dict__.get("__module__") if not isinstance(obj, type) else None
+    return isinstance(module, str) and module.startswith("radical.utils.zmq")
+
+
+def release_client_handles(base: str, before: set) -> None:
+    """Close what RP's client keeps open after ``session.close()`` (~80 descriptors).
+
+    RP 1.103 leaves, per session: its ZMQ publishers, subscribers, queues and
+    registry clients with their sockets and private contexts ("rely on GC for
+    destruction", but the objects stay referenced); log handlers and profilers
+    writing into the session dir; and one descriptor per ``ru.write_json`` call,
+    which discards the fd ``tempfile.mkstemp`` returns. Only what this session made
+    is closed: zmq objects not in ``before`` (:func:`rp_zmq_objects` taken when the
+    session started), files under ``base``.
+    """
+    import zmq
+
+    shared = zmq.Context._instance            # RP's subscribers share it; it stays
+    for obj in gc.get_objects():
+        if id(obj) in before or not _is_rp_zmq(obj):
+            continue
+        values = []
+        for value in getattr(obj, "__dict__", {}).values():
+            values.extend(value if isinstance(value, (list, tuple)) else [value])
+        for value in values:
+            if isinstance(value, zmq.Socket) and not value.closed:
+                value.close(linger=0)
+        for value in values:
+            if isinstance(value, zmq.Context) and value is not shared and not value.closed:
+                value.destroy(linger=0)
+    prefix = base + os.sep
+    loggers = [logging.getLogger()] + [each for each in
+                                       logging.Logger.manager.loggerDict.values()
+                                       if isinstance(each, logging.Logger)]
+    for each in loggers:
+        for handler in list(each.handlers):
+            if getattr(handler, "baseFilename", "").startswith(prefix):
+                each.removeHandler(handler)
+                handler.close()
+    try:
+        from radical.utils import profile
+        for entry in list(profile._profilers):
+            profiler, fname = entry
+            if str(fname).startswith(prefix):
+                profiler.close()
+                profile._profilers.remove(entry)
+    except (ImportError, AttributeError, ValueError):
+        pass
+    # Contexts RP dropped without destroying sit in reference cycles: collect them now.
+    gc.collect()
+    # Descriptors into the session dir that no Python file object owns: write_json's.
+    owned = {obj.fileno() for obj in gc.get_objects()
+             if isinstance(obj, io.FileIO) and not obj.closed}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(prefix) and fd not in owned:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
