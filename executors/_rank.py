@@ -173,7 +173,6 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
 
     rank = comm.Get_rank()
     started = time.time()
-    user_umask()
     for entry in reversed(sys_path):
         if entry and entry not in sys.path:
             sys.path.insert(0, entry)
@@ -182,6 +181,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
     except Exception as exc:  # e.g. the function's module is not importable on this rank
         return _error_outcome(rank, exc, started, time.time(), "could not unpickle the task: ")
     user_comm = comm.Dup()
+    own_umask = user_umask()
     try:
         started = time.time()
         with task_comm(user_comm):
@@ -193,6 +193,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
             outcome.original = exc
         return outcome
     finally:
+        os.umask(own_umask)
         try:
             user_comm.Free()
         except Exception:

@@ -13,24 +13,26 @@ UMASK_ENV = "HETFLOW_UMASK"
 PRIVATE_UMASK = 0o077
 
 
-def user_umask() -> None:
-    """Give a rank process the client user's umask back before it runs user code.
+def user_umask() -> int:
+    """Give a rank process the client user's umask back before it runs user code; returns
+    the umask it had, to set again after (a pool or RAPTOR worker outlives the task).
 
     A runtime's launchers, pilots and workers run with :data:`PRIVATE_UMASK` so the
     files they (and the third-party code in them) create are owner-only; the files a
     user's function writes follow the user's own umask, as if run without hetflow.
     """
-    value = os.environ.get(UMASK_ENV)
-    if not value:
-        return
     current = os.umask(PRIVATE_UMASK)
-    try:
-        # Only a process that runs with the runtime's umask (not the client itself, as
-        # under the debug runtime) changes it.
-        current = int(value, 8) if current == PRIVATE_UMASK else current
-    except ValueError:
-        pass
-    os.umask(current)
+    wanted = current
+    value = os.environ.get(UMASK_ENV)
+    # Only a process that runs with the runtime's umask (not the client itself, as
+    # under the debug runtime) changes it.
+    if value and current == PRIVATE_UMASK:
+        try:
+            wanted = int(value, 8)
+        except ValueError:
+            pass
+    os.umask(wanted)
+    return current
 
 
 class private_umask:  # noqa: N801 - used like a function: ``with private_umask():``
@@ -52,6 +54,20 @@ class private_umask:  # noqa: N801 - used like a function: ``with private_umask(
     def __exit__(self, *exc):
         os.umask(self._user)
         return False
+
+
+def tighten(root: str) -> None:
+    """Take group and other permissions off everything under ``root`` (links untouched):
+    for files a third party chmods open on purpose (RP's bootstrap makes its scripts 0755)."""
+    for parent, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = os.path.join(parent, name)
+            try:
+                mode = os.lstat(path).st_mode
+                if mode & 0o077 and not os.path.islink(path):
+                    os.chmod(path, mode & 0o7700)
+            except OSError:       # gone meanwhile
+                continue
 
 
 def private_dir(path: str) -> str:

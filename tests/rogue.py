@@ -7,7 +7,7 @@ machine, as an attacker would be). For every given TCP port it sends:
     ZeroMQ messages shaped like the pool's (registration, outcome);
 (b) random bytes, raw and as ZeroMQ frames;
 (c) a valid-looking but unsigned (or wrongly signed) outcome for task ``TASK_ID``
-    that would make its result 999 if it were believed;
+    that would make its result 999 if it were believed (pool-shaped and Parsl-shaped);
 (d) ``CONNECTIONS`` connections in a loop, each opened and closed at once.
 
 It prints one line per port and exits 0; what it provokes is for the test to check.
@@ -26,6 +26,8 @@ import zmq
 
 #: Connections opened and closed per port in (d).
 CONNECTIONS = 2000
+#: Ports attacked at once.
+PARALLEL = 8
 
 
 class Marker:
@@ -87,6 +89,10 @@ def attack(marker: str, task_id: int, host: str, port: int, ctx) -> None:
     for ident in (b"", b"0.0", b"0.1", b"0.0.c"):
         _zmq(ctx, host, port, [[b"O", *outcome], [os.urandom(32), b"O", *outcome]],
              identity=ident)
+    # ... and shaped like a Parsl HTEX result (the interchange's and client's sockets)
+    parsl_result = pickle.dumps({"type": "result", "task_id": task_id,
+                                 "buffer": pickle.dumps(999)})
+    _zmq(ctx, host, port, [[parsl_result], [b"", parsl_result], [pickle.dumps([parsl_result])]])
     # (d) many connections
     for _ in range(CONNECTIONS):
         try:
@@ -97,12 +103,20 @@ def attack(marker: str, task_id: int, host: str, port: int, ctx) -> None:
 
 def main(argv) -> int:
     marker, task_id, targets = argv[0], int(argv[1]), argv[2:]
+    from concurrent.futures import ThreadPoolExecutor
+
     ctx = zmq.Context()
-    for target in targets:
+
+    def one(target: str) -> str:
         host, port = target.rsplit(":", 1)
         start = time.time()
         attack(marker, task_id, host, int(port), ctx)
-        print(f"{target}: done in {time.time() - start:.1f} s", flush=True)
+        return f"{target}: done in {time.time() - start:.1f} s"
+
+    # A few ports at a time: a pilot listens on dozens (RP's bridges).
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        for line in pool.map(one, targets):
+            print(line, flush=True)
     ctx.term()
     return 0
 
