@@ -93,12 +93,17 @@ def attack(marker: str, task_id: int, host: str, port: int, ctx) -> None:
     parsl_result = pickle.dumps({"type": "result", "task_id": task_id,
                                  "buffer": pickle.dumps(999)})
     _zmq(ctx, host, port, [[parsl_result], [b"", parsl_result], [pickle.dumps([parsl_result])]])
-    # (d) many connections
+    # (d) many connections (a port that stops accepting is given up after a few tries)
+    refused = 0
     for _ in range(CONNECTIONS):
         try:
             socket.create_connection((host, port), timeout=2).close()
+            refused = 0
         except OSError:
-            pass
+            refused += 1
+            if refused >= 5:
+                print(f"{host}:{port}: stopped accepting connections", flush=True)
+                break
 
 
 def main(argv) -> int:
