@@ -1,15 +1,22 @@
 """The pool's wire protocol: the frames between the client's ROUTER and each rank.
 
 Imports nothing heavy: every rank of a pool world reads it at start-up. Each rank
-has two DEALER sockets: its main one (identity ``b"<world>.<rank>"``) that takes
-tasks, and a control one (the same identity plus :data:`CONTROL_SUFFIX`) whose
-thread heartbeats and obeys kill orders while the main thread runs a task.
-A message is a list of frames whose first frame is its kind:
+has two DEALER sockets: its main one (identity ``b"<world>.<rank>.<nonce>"``, the
+nonce random per rank so nobody can claim an identity before the rank does) that
+takes tasks, and a control one (the same identity plus :data:`CONTROL_SUFFIX`)
+whose thread heartbeats and obeys kill orders while the main thread runs a task.
+
+Authentication: every message, both ways, starts with an HMAC-SHA256 (:class:`Signer`)
+under the runtime's random key (a 0600 file in the pool's private run dir, named to
+the ranks by :data:`KEY_ENV`), over the direction, the rank socket's identity and
+every frame. The receiver checks it before it reads (let alone unpickles) anything,
+so a frame is bound to its sender and direction: it cannot be replayed to another
+rank or back. A message is a MAC frame, then its kind, then the kind's frames:
 
 ================  ============  =============================================
 kind              direction     frames after the kind
 ================  ============  =============================================
-:data:`REGISTER`  rank -> pool  pickled ``{world, rank, size, pid, supervisor, host}``
+:data:`REGISTER`  rank -> pool  JSON ``{world, rank, size, pid, supervisor, host}``
 :data:`TASK`      pool -> rank  pickled header (:func:`task_frames`), payload
 :data:`OUTCOME`   rank -> pool  task id (8 bytes LE), pickled outcome, its value
 :data:`DROP`      pool -> rank  key of a resident object to forget
@@ -20,8 +27,13 @@ kind              direction     frames after the kind
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+import os
 import pickle
-from typing import List, Tuple
+import secrets
+from typing import List, Optional, Sequence, Tuple
 
 REGISTER = b"R"
 TASK = b"T"
@@ -38,9 +50,64 @@ CONTROL_SUFFIX = b".c"
 ZERO_COPY_BYTES = 65536
 
 
+#: Names the key file for the ranks (a path, never the key); "" when authentication is off.
+KEY_ENV = "HETFLOW_POOL_KEYFILE"
+#: Direction tags inside the MAC: a rank's message cannot be reflected back to a rank.
+TO_RANK, TO_POOL = b">", b"<"
+
+
+class Signer:
+    """Signs and checks messages with one runtime's key (``key=None``: authentication off,
+    the MAC frame is empty and not checked; only for measuring its cost)."""
+
+    def __init__(self, key: Optional[bytes]):
+        self.key = key
+        # Keyed once; each message copies it (saves HMAC's key set-up per message).
+        self._keyed = hmac.new(key, digestmod=hashlib.sha256) if key is not None else None
+
+    @classmethod
+    def new(cls) -> "Signer":
+        return cls(secrets.token_bytes(32))
+
+    @classmethod
+    def from_env(cls) -> "Signer":
+        """The ranks' signer: the key from the file :data:`KEY_ENV` names."""
+        path = os.environ.get(KEY_ENV, "")
+        if not path:
+            return cls(None)
+        with open(path, "rb") as fh:
+            return cls(fh.read())
+
+    def mac(self, direction: bytes, identity: bytes, frames: Sequence) -> bytes:
+        """HMAC-SHA256 over the direction, then each part's length, then the parts."""
+        if self._keyed is None:
+            return b""
+        mac = self._keyed.copy()
+        parts = (identity, *frames)
+        # The lengths first: the same bytes cut into other frames sign differently.
+        mac.update(direction + b"".join(memoryview(p).nbytes.to_bytes(8, "little")
+                                        for p in parts))
+        for part in parts:
+            mac.update(part)
+        return mac.digest()
+
+    def sign(self, direction: bytes, identity: bytes, frames: Sequence) -> list:
+        """``frames`` with their MAC in front, for the rank socket ``identity``."""
+        return [self.mac(direction, identity, frames), *frames]
+
+    def check(self, direction: bytes, identity: bytes, message: Sequence) -> Optional[list]:
+        """The frames after the MAC when it is right (and there is a kind), else None."""
+        if len(message) < 2:
+            return None
+        if self.key is not None and not hmac.compare_digest(
+                bytes(message[0]), self.mac(direction, identity, message[1:])):
+            return None
+        return list(message[1:])
+
+
 def identity(world: int, rank: int) -> bytes:
-    """The main socket identity of world rank ``rank`` of world ``world``."""
-    return f"{world}.{rank}".encode()
+    """A fresh main socket identity for world rank ``rank`` of world ``world``."""
+    return f"{world}.{rank}.{secrets.token_hex(16)}".encode()
 
 
 def control_identity(rank_identity: bytes) -> bytes:
@@ -53,11 +120,17 @@ def rank_identity(control: bytes) -> bytes:
 
 
 def register_frames(info: dict) -> List[bytes]:
-    return [REGISTER, pickle.dumps(info)]
+    return [REGISTER, json.dumps(info).encode()]
 
 
 def read_register(frame: bytes) -> dict:
-    return pickle.loads(frame)
+    """The rank's registration, checked for shape (a malformed one raises ValueError)."""
+    info = json.loads(frame)
+    if not (isinstance(info, dict) and all(isinstance(info.get(k), int) for k in
+                                           ("world", "rank", "pid"))
+            and isinstance(info.get("host"), str)):
+        raise ValueError(f"malformed registration {info!r}")
+    return info
 
 
 def task_frames(task_id: int, ranks: Tuple[int, ...], slots: Tuple[int, ...], cache: bool,
@@ -83,7 +156,14 @@ def outcome_frames(task_id: int, outcome) -> list:
 
 
 def read_outcome(id_frame: bytes, outcome_frame: bytes, value: bytes):
-    """``(task_id, outcome)`` from an :data:`OUTCOME` message's frames, its value restored."""
+    """``(task_id, outcome)`` from an :data:`OUTCOME` message's frames, its value restored
+    (only ever called on an authenticated message; a malformed one raises)."""
+    from hetflow.executors._rank import RankOutcome
+
+    if len(id_frame) != 8:
+        raise ValueError(f"task id frame of {len(id_frame)} bytes")
     outcome = pickle.loads(outcome_frame)
+    if not isinstance(outcome, RankOutcome):
+        raise TypeError(f"outcome frame holds a {type(outcome).__name__}")
     outcome.value = value
     return int.from_bytes(id_frame, "little"), outcome

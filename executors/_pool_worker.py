@@ -78,25 +78,29 @@ def _parent_alive(pid: int) -> bool:
         return True
 
 
-def _control_loop(ctx, address: str, identity: bytes, real_exit, heartbeat_s: float,
+def _control_loop(ctx, address: str, identity: bytes, signer, real_exit, heartbeat_s: float,
                   orphan_s: float, client_pid: int) -> None:
     """Heartbeats out, kill orders in; exit when the client is gone (no orphans)."""
     import zmq
 
+    ctrl_id = wire.control_identity(identity)
     ctrl = ctx.socket(zmq.DEALER)
-    ctrl.setsockopt(zmq.IDENTITY, wire.control_identity(identity))
+    ctrl.setsockopt(zmq.IDENTITY, ctrl_id)
     ctrl.setsockopt(zmq.LINGER, 0)
     ctrl.connect(address)
+    beat = signer.sign(wire.TO_POOL, ctrl_id, [wire.HEARTBEAT])
     last_ack = time.monotonic()
     next_beat = 0.0
     while True:
         now = time.monotonic()
         if now >= next_beat:          # one heartbeat per interval, however fast acks come
-            ctrl.send(wire.HEARTBEAT)
+            ctrl.send_multipart(beat)
             next_beat = now + heartbeat_s
         if ctrl.poll(max(1, int((next_beat - now) * 1000))):
-            msg = ctrl.recv()
-            if msg == wire.KILL:
+            msg = signer.check(wire.TO_RANK, ctrl_id, ctrl.recv_multipart())
+            if msg is None:
+                continue              # not the pool's: ignore
+            if msg[0] == wire.KILL:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 real_exit(KILLED_EXIT)
@@ -128,6 +132,7 @@ def main(argv=None) -> int:
     statedir.record_deaths(rank)           # evidence if a task kills this process
     resident._set_pool(os.environ.get("HETFLOW_POOL_UID", "pool"))
 
+    signer = wire.Signer.from_env()
     ctx = zmq.Context()
     identity = wire.identity(world_id, rank)
     sock = ctx.socket(zmq.DEALER)
@@ -138,25 +143,28 @@ def main(argv=None) -> int:
     if os.environ.get("HETFLOW_POOL_CLIENT_HOST") != socket.gethostname():
         client_pid = 0   # another node: rely on heartbeat acknowledgements instead
     threading.Thread(target=_control_loop, name="pool-control", daemon=True,
-                     args=(ctx, address, identity, real_exit,
+                     args=(ctx, address, identity, signer, real_exit,
                            float(os.environ.get("HETFLOW_POOL_HEARTBEAT", "1.0")),
                            float(os.environ.get("HETFLOW_POOL_ORPHAN", "30")), client_pid)).start()
-    sock.send_multipart(wire.register_frames({
+    sock.send_multipart(signer.sign(wire.TO_POOL, identity, wire.register_frames({
         "world": world_id, "rank": rank, "size": world.Get_size(), "pid": os.getpid(),
-        "supervisor": os.getppid(), "host": socket.gethostname()}))
+        "supervisor": os.getppid(), "host": socket.gethostname()})))
 
     comms = {}   # world ranks (ordered) -> communicator; cache policy decided by the client
     while True:
-        frames = sock.recv_multipart(copy=False)
-        kind = frames[0].bytes
+        message = sock.recv_multipart(copy=False)
+        frames = signer.check(wire.TO_RANK, identity, [f.buffer for f in message])
+        if frames is None:
+            continue                        # not signed by the pool: never read
+        kind = bytes(frames[0])
         if kind == wire.EXIT:
             break
         if kind == wire.DROP:               # drop a kept object (hetflow.resident.release)
-            resident._drop(frames[1].bytes.decode())
+            resident._drop(bytes(frames[1]).decode())
             continue
         if kind != wire.TASK:
             continue
-        task_id, ranks, slots, cache, cores_per_rank = wire.read_task_header(frames[1].bytes)
+        task_id, ranks, slots, cache, cores_per_rank = wire.read_task_header(bytes(frames[1]))
         comm = comms.get(ranks)
         if comm is None:
             if len(ranks) == 1:
@@ -170,13 +178,14 @@ def main(argv=None) -> int:
         os.environ["OMP_NUM_THREADS"] = str(cores_per_rank)
         resident._enter_task(task_id, slots, slots[ranks.index(rank)], comm)
         try:
-            outcome = run_on_rank(frames[2].buffer, comm)
+            outcome = run_on_rank(frames[2], comm)
         finally:
             resident._leave_task()
         if not cache and comm is not MPI.COMM_SELF:
             comm.Free()
         copy = len(outcome.value) < wire.ZERO_COPY_BYTES
-        sock.send_multipart(wire.outcome_frames(task_id, outcome), copy=copy)
+        sock.send_multipart(signer.sign(wire.TO_POOL, identity,
+                                        wire.outcome_frames(task_id, outcome)), copy=copy)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip MPI_Finalize: it may wait on peers that died; the launcher reaps us either way.

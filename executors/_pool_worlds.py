@@ -20,7 +20,7 @@ from hetflow.executors import _pool_wire as wire
 from hetflow.executors._pool_faults import rank_death
 from hetflow.executors.allocation import srun_prefix
 from hetflow.executors.launch import ended, kill_tree, launcher_env, launcher_flavour
-from hetflow.executors.taskdir import TaskDir, private_dir
+from hetflow.executors.taskdir import PRIVATE_UMASK, TaskDir, private_dir
 from hetflow.executors.watch import EVIDENCE_GRACE_S
 
 
@@ -106,10 +106,11 @@ class Worlds:
             str(allowed[c % len(allowed)]) for c in cores) if (self.pin and allowed and cores)
             else ""}
         env = launcher_env(self.mpiexec, env) if self.mpiexec else env
-        with open(taskdir.stdout, "wb") as out, open(taskdir.stderr, "wb") as err:
+        out, err = taskdir.open_output()
+        with out, err:
             try:
                 proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=taskdir.path,
-                                        start_new_session=True)
+                                        start_new_session=True, umask=PRIVATE_UMASK)
             except OSError as exc:
                 raise LaunchError(f"could not start the pool's MPI world: {exc}", command=cmd,
                                   logs=[taskdir.stderr]) from exc

@@ -25,7 +25,7 @@ if __name__ == "__main__":
 from collections.abc import Callable
 
 from hetflow.executors._supervise import supervise
-from hetflow.executors.taskdir import TaskDir
+from hetflow.executors.taskdir import TaskDir, user_umask
 
 #: Values whose cloudpickle form is plain pickle's (so a rank need not import cloudpickle).
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
@@ -181,6 +181,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
     except Exception as exc:  # e.g. the function's module is not importable on this rank
         return _error_outcome(rank, exc, started, time.time(), "could not unpickle the task: ")
     user_comm = comm.Dup()
+    own_umask = user_umask()
     try:
         started = time.time()
         with task_comm(user_comm):
@@ -192,6 +193,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
             outcome.original = exc
         return outcome
     finally:
+        os.umask(own_umask)
         try:
             user_comm.Free()
         except Exception:

@@ -18,7 +18,7 @@ from typing import Callable, List, Optional, Sequence
 
 from hetflow._guardian import alive
 from hetflow.errors import LaunchError
-from hetflow.executors.taskdir import Deaths, TaskDir, _private
+from hetflow.executors.taskdir import PRIVATE_UMASK, Deaths, TaskDir
 from hetflow.executors.watch import POLL_S
 
 
@@ -138,11 +138,12 @@ class MPILaunch:
         self._launcher_fd: Optional[int] = None
 
     def start(self) -> None:
-        with open(self.taskdir.stdout, "wb", opener=_private) as out, \
-                open(self.taskdir.stderr, "wb", opener=_private) as err:
+        out, err = self.taskdir.open_output()
+        with out, err:
             try:
                 self.proc = subprocess.Popen(self.command, cwd=self.taskdir.path, stdout=out,
-                                             stderr=err, env=self.env, start_new_session=True)
+                                             stderr=err, env=self.env, start_new_session=True,
+                                             umask=PRIVATE_UMASK)
             except OSError as exc:
                 raise LaunchError(f"could not start the MPI launcher: {exc}",
                                   command=self.command, logs=[self.taskdir.stderr]) from exc

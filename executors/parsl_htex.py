@@ -48,7 +48,7 @@ from hetflow.executors import allocation
 from hetflow.executors._parsl_worker import POLL_S, RANK_TMPDIR, run_mpi_task
 from hetflow.executors.kernel import Executor, Task
 from hetflow.executors.launch import kill_tree
-from hetflow.executors.taskdir import TaskDir
+from hetflow.executors.taskdir import TaskDir, private_umask
 from hetflow.spec import Resources
 
 
@@ -109,6 +109,12 @@ class ParslMPIExecutor(Executor, MPIExecutor):
     shell run before the worker pool starts; ``keep_task_dirs`` keeps the task dirs
     of successful tasks too.
 
+    ``encrypted`` (default True): HTEX's sockets (interchange <-> client, interchange
+    <-> worker pool) use CurveZMQ with Parsl's per-run certificates, checked by a ZAP
+    handler that admits only the run's own client key, so no other process can submit
+    work or feed back results (Parsl's ``MPIExecutor`` defaults to ``encrypted=False``).
+    Only an explicit ``encrypted=False`` turns it off.
+
     The kernel comes first in the class order: its ``submit``, ``start`` and
     ``shutdown`` are the executor's, and HTEX's own are called by name to carry
     tasks to the workers.
@@ -121,11 +127,11 @@ class ParslMPIExecutor(Executor, MPIExecutor):
     def __init__(self, label: str = "parsl", *, max_ranks: Optional[int] = None,
                  gpus: Optional[int] = None, python: Optional[str] = None,
                  heartbeat_period: int = 2, heartbeat_threshold: int = 8,
-                 keep_task_dirs: bool = False, worker_init: str = ""):
+                 keep_task_dirs: bool = False, worker_init: str = "", encrypted: bool = True):
         if heartbeat_threshold <= heartbeat_period:
             raise ConfigError(f"heartbeat_threshold ({heartbeat_threshold}) must exceed "
                               f"heartbeat_period ({heartbeat_period})")
-        provider = LocalProvider(launcher=SimpleLauncher(), init_blocks=1, min_blocks=1,
+        provider = _PrivateLocalProvider(launcher=SimpleLauncher(), init_blocks=1, min_blocks=1,
                                  max_blocks=1, nodes_per_block=1, worker_init=worker_init)
         # Inside a batch allocation, its CPUs are the slots (and its nodes the node list).
         self.allocation = allocation.current()
@@ -138,7 +144,7 @@ class ParslMPIExecutor(Executor, MPIExecutor):
             max_workers_per_block=_worker_count(
                 (os.cpu_count() or 1) if max_ranks is None else max_ranks),
             mpi_launcher="mpiexec", heartbeat_period=heartbeat_period,
-            heartbeat_threshold=heartbeat_threshold, poll_period=10,
+            heartbeat_threshold=heartbeat_threshold, poll_period=10, encrypted=encrypted,
             # A lost worker pool must not poison the executor: start a new block.
             block_error_handler=False)
         self.interchange_launch_cmd = [sys.executable, "-m",
@@ -296,6 +302,17 @@ class ParslMPIExecutor(Executor, MPIExecutor):
                 os.killpg(int(pgid), signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+class _PrivateLocalProvider(LocalProvider):
+    """Parsl's LocalProvider whose blocks (submit script, its output files, the worker
+    pool and everything under it) are created owner-only (see ``taskdir.private_umask``):
+    a block may be started later, by Parsl's strategy thread, outside ``hetflow.runtime``'s
+    start-up."""
+
+    def submit(self, command, tasks_per_node, job_name="parsl.localprovider"):
+        with private_umask():
+            return super().submit(command, tasks_per_node, job_name)
 
 
 @dataclasses.dataclass

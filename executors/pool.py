@@ -60,6 +60,7 @@ from hetflow.executors._rank import collect
 from hetflow.executors.kernel import Executor, Task
 from hetflow._progress import waiting
 from hetflow.executors.launch import default_mpiexec, tail
+from hetflow.executors.taskdir import write_private
 from hetflow.executors.watch import PEER_GRACE_S
 from hetflow.resident import find_handles
 from hetflow.spec import Resources
@@ -99,6 +100,12 @@ class PoolExecutor(Executor):
         :class:`~hetflow.executors.allocation.BatchAllocation`), run the world in it with
         ``srun --jobid``, give it back at shutdown. ``max_ranks`` defaults to ``ntasks``,
         else the nodes' CPUs.
+    authenticate: sign and check every message on the pool's socket (see ``_pool_wire``);
+        False only to measure what that costs (``experiments/pool_bench.py --auth``).
+
+    ``rejected`` counts the messages dropped because they were not signed with the
+    runtime's key (the first is logged): anyone who can reach ``address`` can connect,
+    but nothing they send is read.
     """
 
     unsupported: Dict[str, str] = {}
@@ -110,7 +117,8 @@ class PoolExecutor(Executor):
                  gpus_per_rank: Optional[int] = None, env: Optional[Dict[str, str]] = None,
                  python: Optional[str] = None, heartbeat_s: float = 1.0,
                  lost_after_s: float = 10.0, start_timeout: float = 120.0, max_bypass: int = 16,
-                 slurm: Optional[dict] = None):
+                 slurm: Optional[dict] = None,
+                 authenticate: bool = True):
         self.batch = None
         if slurm is not None:     # a pilot started by the batch system: its own allocation
             if hostfile is not None or launcher is not None:
@@ -139,6 +147,10 @@ class PoolExecutor(Executor):
         self.lost_after_s = lost_after_s
         self.start_timeout = start_timeout
         self.extra_env = dict(env or {})
+        self.authenticate = authenticate
+        #: Messages dropped for a wrong or missing signature (see the class docstring).
+        self.rejected = 0
+        self._signer = wire.Signer(None)
         self.uid = uuid.uuid4().hex[:12]
         #: What the pool did about faults, in order (also logged as warnings).
         self.events: List[str] = []
@@ -183,6 +195,13 @@ class PoolExecutor(Executor):
             job = self.batch.submit(f"hetflow-{self.label}")
             self.launcher = [self.launcher[0], f"--jobid={job}", *self.launcher[1:]]
 
+        # The key reaches the ranks as a 0600 file in the 0700 run dir (works on a shared
+        # file system for multi-node pools); its path, never the key, is in their environment.
+        self._signer = wire.Signer.new() if self.authenticate else wire.Signer(None)
+        self._keyfile = ""
+        if self._signer.key is not None:
+            self._keyfile = os.path.join(self.run_root, "pool.key")
+            write_private(self._keyfile, self._signer.key)
         self._ctx = zmq.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
@@ -288,6 +307,7 @@ class PoolExecutor(Executor):
     def _world_env(self) -> dict:
         return {**os.environ, **self.extra_env,
                 "HETFLOW_POOL_UID": self.uid,
+                wire.KEY_ENV: self._keyfile,
                 "HETFLOW_POOL_SYSPATH": os.pathsep.join(self.client_sys_path()),
                 "HETFLOW_POOL_CLIENT_PID": str(os.getpid()),
                 "HETFLOW_POOL_CLIENT_HOST": socket.gethostname(),
@@ -314,7 +334,8 @@ class PoolExecutor(Executor):
     def _send(self, identity: bytes, frames, copy: bool = True) -> bool:
         import zmq
         try:
-            self._router.send_multipart([identity] + list(frames), copy=copy)
+            self._router.send_multipart([identity] + self._signer.sign(wire.TO_RANK, identity,
+                                                                       frames), copy=copy)
             return True
         except zmq.ZMQError:          # peer gone (ROUTER_MANDATORY): the monitor will notice
             return False
@@ -383,16 +404,52 @@ class PoolExecutor(Executor):
                 frames = self._router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            identity, kind = frames[0], frames[1]
-            if kind == wire.HEARTBEAT:
-                slot = self._mpi.slot_of(identity)
-                if slot is not None:
-                    slot.last_seen = time.monotonic()
-                self._send(identity, [wire.HEARTBEAT_ACK])
-            elif kind == wire.OUTCOME:
-                self._on_outcome(identity, *wire.read_outcome(*frames[2:5]))
-            elif kind == wire.REGISTER:
-                self._register(identity, wire.read_register(frames[2]))
+            identity = frames[0]
+            message = self._signer.check(wire.TO_POOL, identity, frames[1:])
+            if message is None:
+                self._reject(identity)
+                continue
+            try:
+                self._on_message(identity, message)
+            except Exception as exc:  # noqa: BLE001 - a signed but malformed message
+                self._malformed(identity, message[0], exc)
+
+    def _on_message(self, identity: bytes, message: list) -> None:
+        kind = message[0]
+        if kind == wire.HEARTBEAT:
+            slot = self._mpi.slot_of(identity)
+            if slot is not None:
+                slot.last_seen = time.monotonic()
+            self._send(identity, [wire.HEARTBEAT_ACK])
+        elif kind == wire.OUTCOME:
+            if len(message) != 4:
+                raise ValueError(f"{len(message) - 1} frame(s) after the kind, not 3")
+            self._on_outcome(identity, *wire.read_outcome(*message[1:]))
+        elif kind == wire.REGISTER:
+            if len(message) != 2:
+                raise ValueError(f"{len(message) - 1} frame(s) after the kind, not 1")
+            self._register(identity, wire.read_register(message[1]))
+        else:
+            raise ValueError(f"unknown message kind {kind[:16]!r}")
+
+    def _reject(self, identity: bytes) -> None:
+        """An unsigned (or wrongly signed) message: dropped unread, counted, logged once."""
+        self.rejected += 1
+        if self.rejected == 1:
+            logger.warning("pool %s: dropped a message that was not signed with the runtime's "
+                           "key (peer identity %r); later ones are only counted in "
+                           "executor.rejected", self.label, identity[:40])
+
+    def _malformed(self, identity: bytes, kind: bytes, exc: Exception) -> None:
+        """A rank signed a message it should not have sent: the rank is broken. Its task
+        fails with TaskLost, and the rank is stopped and replaced like a dead one."""
+        slot = self._mpi.slot_of(identity)
+        why = f"rank sent a malformed {bytes(kind[:16])!r} message ({type(exc).__name__}: {exc})"
+        if slot is None or not slot.alive:
+            self._event(f"unregistered peer {identity[:40]!r}: {why}; ignored")
+            return
+        self._mpi.kill(slot)
+        self._lost([slot.id], why)
 
     # ------------------------------------------------------------------ slots (under the lock)
     def _free(self, slot_ids) -> None:
@@ -566,7 +623,7 @@ class PoolExecutor(Executor):
                              f"{self._mpi.slots[s].wrank}, pid {self._mpi.slots[s].pid})"
                              for s in plan.dead[task_id])
             self._event(f"task {task_id}: {desc} died ({why}); task failed, rank(s) replaced")
-            self._deliver(task, deaths, lost=desc)
+            self._deliver(task, deaths, lost=f"{desc} ({why})")
             self._forget(task)
 
     def _check_health(self) -> None:

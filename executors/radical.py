@@ -42,6 +42,7 @@ from typing import Dict, Optional
 import psutil
 
 from hetflow._progress import waiting
+from hetflow._private import tighten
 from hetflow.errors import ConfigError, ExecutorBroken, LaunchError
 from hetflow.executors._rank import TaskPayload
 from hetflow.executors._rp_hygiene import (end_leftovers, import_rp, release_client_handles,
@@ -201,6 +202,9 @@ class RadicalExecutor(Executor):
                               f"{time.time() - t0:.0f} s (startup_timeout={self.startup_timeout})",
                               logs=[os.path.join(self.base, "sandbox")])
         self._pilot = pilot
+        # RP's bootstrap chmods its scripts 0755 (all else it makes is owner-only: it runs
+        # with the runtime's umask 077, see hetflow._private): hetflow keeps them private.
+        tighten(description["sandbox"])
         self.timings["pilot_s"] = time.time() - t0
         if self.mode != "exec":
             t0 = time.time()

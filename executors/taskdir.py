@@ -35,17 +35,12 @@ import os
 import pickle
 from collections.abc import Callable
 
+from hetflow._private import PRIVATE_UMASK, private_dir, private_umask, user_umask  # noqa: F401
+
 #: ``{rank: (description, text)}``: how ranks died, the cause first.
 Deaths = dict[int, tuple[str, str]]
 
 PAYLOAD, META, CANCEL, LAUNCHER = "task.pkl", "meta.json", "cancel", "launcher.json"
-
-
-def private_dir(path: str) -> str:
-    """Create ``path`` (and parents) owner-only; an existing dir is tightened to 0700."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
 
 
 def _private(path: str, flags: int) -> int:
@@ -77,6 +72,11 @@ class TaskDir:
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
+
+    def open_output(self):
+        """The launcher's ``(stdout, stderr)`` files, owner-only, for ``Popen`` (the caller
+        closes them: ``with out, err:``)."""
+        return open(self.stdout, "wb", opener=_private), open(self.stderr, "wb", opener=_private)
 
     def _names(self):
         try:

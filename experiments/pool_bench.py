@@ -5,6 +5,10 @@ Runs, through the normal ``mpi_app`` + Parsl DFK path, on each runtime in turn:
   of TaskTimes.overhead_s (submit to delivery, minus time in the function);
 - throughput: N no-op 2-rank tasks submitted at once; tasks/s over the whole batch.
 Prints one table and the ratios against mpirun. Never fails on a time: it only reports.
+
+``--auth``: the pool with its message signing on (the default) against the same
+build with ``authenticate=False``, in one run, alternating the two ``--rounds``
+times (the machine's load drifts) and reporting each one's best round.
 """
 from __future__ import annotations
 
@@ -105,6 +109,34 @@ def measure_pipeline(name: str, rows: int, options: dict) -> dict:
         return {"runtime": name, "pipeline_s": time.perf_counter() - t, "rows": sorted_rows}
 
 
+def auth_cost(n: int, max_ranks: int, rounds: int) -> int:
+    """The pool's per-task overhead and tasks/s with message authentication on and off."""
+    best = {}
+    for _ in range(rounds):
+        for auth in (True, False):
+            r = measure("pool", n, {"max_ranks": max_ranks, "authenticate": auth})
+            key = "on" if auth else "off"
+            if key not in best:
+                best[key] = r
+            else:
+                best[key] = {**r, "overhead_ms": min(r["overhead_ms"], best[key]["overhead_ms"]),
+                             "overhead_p50_ms": min(r["overhead_p50_ms"],
+                                                    best[key]["overhead_p50_ms"]),
+                             "sequential_ms": min(r["sequential_ms"], best[key]["sequential_ms"]),
+                             "tasks_per_s": max(r["tasks_per_s"], best[key]["tasks_per_s"])}
+    print(f"pool, {n} 2-rank no-op tasks, best of {rounds} rounds")
+    print(f"{'auth':6} {'overhead ms':>12} {'p50 ms':>8} {'seq ms/task':>12} {'tasks/s':>9}")
+    for key in ("on", "off"):
+        r = best[key]
+        print(f"{key:6} {r['overhead_ms']:12.3f} {r['overhead_p50_ms']:8.3f} "
+              f"{r['sequential_ms']:12.3f} {r['tasks_per_s']:9.1f}")
+    on, off = best["on"], best["off"]
+    print(f"authentication costs: overhead x{on['overhead_ms'] / off['overhead_ms']:.3f} "
+          f"(p50 x{on['overhead_p50_ms'] / off['overhead_p50_ms']:.3f}), "
+          f"throughput x{on['tasks_per_s'] / off['tasks_per_s']:.3f}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hetflow.experiments.pool_bench")
     parser.add_argument("runtimes", nargs="*", default=["pool", "mpirun"])
@@ -113,7 +145,12 @@ def main(argv=None) -> int:
     parser.add_argument("--mixed", action="store_true",
                         help="also the mixed join workload and the join->sort pipeline")
     parser.add_argument("--pipeline-rows", type=int, default=1_000_000)
+    parser.add_argument("--auth", action="store_true",
+                        help="the pool with authentication on vs off (see the docstring)")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.auth:
+        return auth_cost(args.n, args.max_ranks, args.rounds)
     available = hetflow.available_runtimes()
     rows = []
     for name in args.runtimes:

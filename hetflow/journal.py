@@ -9,6 +9,11 @@ single append-only ``tasks.pkl``, which a kill in mid-write leaves truncated so
 that the next start refuses the whole file, by one file per finished task,
 written to a temp name, flushed and renamed into place: a record is either
 whole or absent.
+
+The journal unpickles what it finds, so it refuses (:class:`~hetflow.ConfigError`)
+a directory that another user owns or that its group or others can write to: a
+record planted there would run code as the workflow's owner. A new directory is
+created 0700, records 0600.
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from typing import Dict, List, Optional
 
 from parsl.dataflow.memoization import BasicMemoizer, CheckpointCommand, id_for_memo, make_hash
 
+from hetflow.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 _SUFFIX = ".result"
@@ -33,9 +40,12 @@ class Journal(BasicMemoizer):
     def __init__(self, directory: str):
         super().__init__(checkpoint_mode="task_exit", checkpoint_files=[])
         self.directory = os.path.abspath(directory)
+        if os.path.isdir(self.directory):     # fail before any runtime starts
+            check_private(self.directory)
 
     def start(self, *, run_dir: str, config_run_dir: str) -> None:
-        os.makedirs(self.directory, exist_ok=True)
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        check_private(self.directory)
         super().start(run_dir=run_dir, config_run_dir=config_run_dir)
         self.memo_lookup_table.update(self.load())
 
@@ -104,6 +114,21 @@ class Journal(BasicMemoizer):
     def records(self) -> int:
         """How many finished tasks the journal holds."""
         return sum(1 for n in os.listdir(self.directory) if n.endswith(_SUFFIX))
+
+
+def check_private(directory: str) -> None:
+    """Raise ConfigError unless only this user can write to ``directory`` (it follows a
+    symlink: the target is what counts)."""
+    st = os.stat(directory)
+    if st.st_uid != os.getuid():
+        raise ConfigError(f"checkpoint directory {directory!r} belongs to uid {st.st_uid}, not "
+                          f"to this user ({os.getuid()}): its records are unpickled, so only "
+                          "a directory of your own is accepted")
+    if st.st_mode & 0o022:
+        raise ConfigError(f"checkpoint directory {directory!r} can be written by its group or "
+                          f"by others (mode {st.st_mode & 0o777:o}): its records are unpickled, "
+                          f"so a record planted there would run code as you; "
+                          f"run chmod go-w {directory!r} (or use a private directory)")
 
 
 def _pickled_hash(task) -> Optional[str]:

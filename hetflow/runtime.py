@@ -98,9 +98,13 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
         from hetflow.journal import Journal
 
         memoizer = Journal(checkpoint)
+    from hetflow._private import private_dir, private_umask
+
     owned = run_dir is None
+    # mkdtemp makes the dir 0700; a given run_dir is made (or tightened to) 0700 too:
+    # it holds pickles the runtime unpickles and the pool's key.
     base = tempfile.mkdtemp(prefix=f"hetflow-{name}-") if owned else os.path.abspath(run_dir)
-    os.makedirs(base, exist_ok=True)
+    private_dir(base)
     # Before any executor starts: everything it starts carries the guardian's token, so
     # it all dies with the client, however the client dies (see hetflow._guardian).
     guardian = Guardian(base if owned and not keep_run_dir else None)
@@ -108,7 +112,10 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
         executor = cls(**executor_options)
         config = make_config(executor, run_dir=os.path.join(base, "runinfo"), monitoring=monitoring,
                              memoizer=memoizer, **(config_options or {}))
-        dfk = parsl.load(config)
+        # Parsl's run info, logs and certificates, and the processes the executor starts
+        # (interchange, pilots, MPI worlds), are owner-only (see taskdir.private_umask).
+        with private_umask():
+            dfk = parsl.load(config)
         dfk.hetflow_checkpoint = checkpoint is not None
         dfk.hetflow_token = guardian.token
     except BaseException:
