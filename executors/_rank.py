@@ -85,7 +85,10 @@ class TaskPayload:
                 f"kwargs={self.kwargs!r}, resources={self.resources!r})")
 
     def dumps(self) -> bytes:
-        return dumps(self)
+        """The payload pickled so that a rank loads its function without cloudpickle."""
+        from hetflow.executors import _pickling
+
+        return _pickling.dumps(self)
 
 
 class RankOutcome:

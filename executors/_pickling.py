@@ -1,0 +1,148 @@
+"""Task payloads a rank can load without importing cloudpickle.
+
+An ``@mpi_app`` function cannot be pickled by reference (its module's name for it is the
+app, not the function), so it travels by value. cloudpickle's by-value form names
+cloudpickle's own reconstructors, and importing cloudpickle (with the ``inspect``,
+``typing`` and ``dataclasses`` it pulls in) costs a rank about as much as mpi4py itself.
+
+:func:`dumps` is cloudpickle with two reductions of its own, whose reconstructors live in
+this module and need only the standard library's built-in parts:
+
+- a function without a closure, which cloudpickle would pickle by value, becomes its code
+  object (``marshal``), the globals its code reads, and its attributes;
+- an importable module becomes a reference imported on load.
+
+Everything else (closures, classes from ``__main__``, dynamic modules) is left to
+cloudpickle, whose stream then imports cloudpickle on the rank as before. Code objects are
+specific to the Python version: a rank on another version gets a clear ``RuntimeError``
+(cloudpickle's by-value functions do not cross versions either).
+"""
+from __future__ import annotations
+
+import builtins
+import marshal
+import sys
+import types
+
+#: The interpreter a marshalled code object was made by.
+_VERSION = tuple(sys.version_info[:2])
+
+
+def _import(name: str) -> types.ModuleType:
+    """The module ``name``, imported (the reconstructor of a module reference)."""
+    __import__(name)
+    return sys.modules[name]
+
+
+def _make_function(version: tuple, code: bytes, base: dict) -> types.FunctionType:
+    """A function from marshalled ``code`` with a fresh globals dict made from ``base``.
+
+    Its globals and attributes are filled in afterwards by :func:`_set_function_state`,
+    so a function that reads itself (recursion) or another function that reads it is
+    rebuilt once, the pickle memo tying the knot.
+    """
+    if tuple(version) != _VERSION:
+        raise RuntimeError(f"the task's function was pickled by Python "
+                           f"{'.'.join(map(str, version))} and cannot be loaded by Python "
+                           f"{'.'.join(map(str, _VERSION))}: run the ranks on the client's "
+                           f"Python version")
+    namespace = dict(base)
+    namespace["__builtins__"] = builtins
+    return types.FunctionType(marshal.loads(code), namespace)
+
+
+def _set_function_state(func: types.FunctionType, state: tuple) -> None:
+    """Fill in what :func:`_make_function` left out: globals, submodules, attributes."""
+    global_values, submodules, attributes, extra = state
+    for name in submodules:
+        _import(name)
+    func.__globals__.update(global_values)
+    for name, value in attributes.items():
+        setattr(func, name, value)
+    func.__dict__.update(extra)
+
+
+def dumps(obj) -> bytes:
+    """``obj`` pickled by cloudpickle, with functions and modules in the light forms above."""
+    import io
+
+    buffer = io.BytesIO()
+    _pickler_class()(buffer, protocol=5).dump(obj)
+    return buffer.getvalue()
+
+
+_PICKLER = None
+
+
+def _pickler_class():
+    global _PICKLER
+    if _PICKLER is None:
+        import cloudpickle
+
+        class PayloadPickler(cloudpickle.Pickler):
+            """cloudpickle, with closure-free by-value functions and modules in light forms."""
+
+            def reducer_override(self, obj):
+                if type(obj) is types.FunctionType and obj.__closure__ is None \
+                        and not _by_reference(obj):
+                    return _reduce_function(obj)
+                if type(obj) is types.ModuleType and _importable(obj):
+                    return _import, (obj.__name__,)
+                return super().reducer_override(obj)
+
+        _PICKLER = PayloadPickler
+    return _PICKLER
+
+
+def _by_reference(func: types.FunctionType) -> bool:
+    from cloudpickle.cloudpickle import _should_pickle_by_reference
+
+    return _should_pickle_by_reference(func)
+
+
+def _importable(module: types.ModuleType) -> bool:
+    from cloudpickle.cloudpickle import _should_pickle_by_reference
+
+    return module.__name__ != "__main__" and _should_pickle_by_reference(module)
+
+
+def _reduce_function(func: types.FunctionType):
+    code = func.__code__
+    names = _global_names(code)
+    global_values = {name: func.__globals__[name] for name in names if name in func.__globals__}
+    base = {key: func.__globals__[key] for key in ("__package__", "__name__", "__path__",
+                                                   "__file__") if key in func.__globals__}
+    attributes = {"__name__": func.__name__, "__qualname__": func.__qualname__,
+                  "__module__": func.__module__, "__doc__": func.__doc__,
+                  "__defaults__": func.__defaults__, "__kwdefaults__": func.__kwdefaults__,
+                  "__annotations__": func.__annotations__}
+    state = (global_values, _submodules(names, global_values), attributes, dict(func.__dict__))
+    return (_make_function, (_VERSION, marshal.dumps(code), base), state, None, None,
+            _set_function_state)
+
+
+def _global_names(code: types.CodeType) -> list[str]:
+    """Names ``code`` (and the code nested in it) may read as globals, in a stable order."""
+    names = dict.fromkeys(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names.update(dict.fromkeys(_global_names(const)))
+    return list(names)
+
+
+def _submodules(names: list[str], global_values: dict) -> list[str]:
+    """Imported submodules the code reaches through a global module (``os.path`` via ``os``).
+
+    An attribute access does not import a submodule, so the rank imports each one the
+    client had imported and the code names (as cloudpickle does).
+    """
+    wanted = set(names)
+    found = []
+    for value in global_values.values():
+        if type(value) is not types.ModuleType:
+            continue
+        prefix = value.__name__ + "."
+        for name in list(sys.modules):
+            if name.startswith(prefix) and set(name[len(prefix):].split(".")) <= wanted:
+                found.append(name)
+    return sorted(found)
