@@ -6,8 +6,9 @@
 (a) **task**: a 2-rank no-op MPI app through ``hetflow.runtime("mpirun")``, wall time
     from submit to result (after a warm-up task), over a bare
     ``mpiexec -n 2 python -c "from mpi4py import MPI"`` (this venv's mpiexec and python).
-    An ``@mpi_app`` function is always pickled by value (its module's name for it is the
-    app, not the function), so the ranks import cloudpickle to unpickle it.
+    An ``@mpi_app`` function travels by value (its module's name for it is the app, not
+    the function), in the form ``executors/_pickling.py`` writes: the ranks load it
+    without importing cloudpickle.
 (b) **rank imports**: importing the rank runner (``hetflow.executors._rank``) and mpi4py
     in a fresh interpreter, over importing mpi4py alone (times taken inside the
     process, so interpreter start-up is not in either); and the modules outside the
