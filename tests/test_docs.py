@@ -4,7 +4,8 @@ named in a runtime's options table is that runtime's.
 Fence conventions (docs/README.md says the same to writers):
 
 - ```python   run. A page's python blocks run in order in one fresh interpreter (one
-              namespace, like a notebook), in an empty temp dir that is the working dir.
+              namespace, like a notebook), in an empty temp dir that is the working dir
+              and TMPDIR (so what the examples leave is removed with it).
 - ```bash     run with ``bash -euo pipefail`` in an empty temp dir, this venv's bin first on PATH.
 - ```toml / ```json   parsed (tomllib / json).
 - ```console  output shown to the reader, never run (no commands in it).
@@ -117,7 +118,8 @@ def test_python_blocks_run(page, tmp_path):
     """The page's python blocks, in order, in one interpreter: each must run cleanly."""
     code = [(n, src) for p, lang, reason, n, src in ALL
             if p == page and lang == "python" and reason is None]
-    env = dict(os.environ, HETFLOW_PROGRESS="0", PYTHONPATH="")
+    # The page's temp files (tempfile.mkdtemp() in examples, run dirs) land in tmp_path too.
+    env = dict(os.environ, HETFLOW_PROGRESS="0", PYTHONPATH="", TMPDIR=str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", _RUNNER, page], input=json.dumps(code),
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=240)
     assert proc.returncode == 0, f"{page}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
@@ -129,7 +131,7 @@ BASH = [(p, n, src) for p, lang, reason, n, src in ALL if lang == "bash" and rea
 
 @pytest.mark.parametrize("page,line,code", BASH, ids=[_id(p, n) for p, n, _ in BASH])
 def test_bash_blocks_run(page, line, code, tmp_path):
-    env = dict(os.environ, HETFLOW_PROGRESS="0",
+    env = dict(os.environ, HETFLOW_PROGRESS="0", TMPDIR=str(tmp_path),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     proc = subprocess.run(["bash", "-euo", "pipefail", "-c", code], capture_output=True,
                           text=True, cwd=tmp_path, env=env, timeout=120)
