@@ -25,6 +25,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import tomllib
 
 import pytest
@@ -35,7 +36,8 @@ PAGES = sorted(["README.md"] + [os.path.relpath(os.path.join(d, f), ROOT)
                                 for d, _, files in os.walk(DOCS) for f in files
                                 if f.endswith(".md")])
 RUN, PARSE, SHOWN = {"python", "bash"}, {"toml", "json"}, {"console"}
-FENCE = re.compile(r"^```(.*)$")
+#: A fence, indented or not (inside a list item too); ``~~~`` fences are refused below.
+FENCE = re.compile(r"^\s*```(.*)$")
 
 #: The runtimes, the class each page documents, and the page.
 RUNTIME_PAGES = {
@@ -64,8 +66,11 @@ def blocks(page: str):
             elif rest.strip():
                 lang = info       # unknown info string: reported as such
             current = (lang, reason, number + 1, [])
-        elif current is not None and line.startswith("```"):
-            found.append((*current[:3], "\n".join(current[3]) + "\n"))
+        elif current is None and line.lstrip().startswith("~~~"):
+            raise AssertionError(f"{page}:{number}: use ``` fences (the doc test reads only those)")
+        elif current is not None and line.strip().startswith("```"):
+            # A fence indented inside a list item: its code loses the common indentation.
+            found.append((*current[:3], textwrap.dedent("\n".join(current[3]) + "\n")))
             current = None
         elif current is not None:
             current[3].append(line)
