@@ -6,7 +6,7 @@ of the parity and fault suites for one runtime, as a user who starts hetflow ins
 an allocation would: the runtime must size itself from the allocation and start its
 ranks inside it (Hydra given ``localhost`` there hangs; ``srun`` without
 ``--mpi=pmi2`` gives 1-rank worlds). The pool runs with the ``srun`` launcher the
-README documents. Nothing may hang: every run has a timeout.
+pool page (docs/runtimes/pool.md) documents. Nothing may hang: every run has a timeout.
 
 The subsets are chosen for CI time: on 2 nodes, a result, every world size (1-3
 ranks, so tasks span nodes), heterogeneous tasks at once, a raised exception, a

@@ -196,7 +196,7 @@ mpiutil.report({"problems": problems, "checked": checked})
 
 
 @pytest.mark.skipif(not HAVE_PYCYLON, reason="pycylon is not importable here (not on PyPI; "
-                                              "see the README's engine section)")
+                                              "see docs/engine.md)")
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_pycylon_gives_the_cpu_engines_rows(ranks):
     run = run_mpi(PARITY, ranks, timeout=240, args=("pycylon",))

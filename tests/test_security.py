@@ -16,7 +16,7 @@ Per runtime, one runtime per module (it is shared by the tests of that runtime):
   and each MPICH rank's netmod ports (ch4/OFI over TCP). Hydra and MPICH are
   third-party and unauthenticated: they survive all of the above on this build
   (the test attacks them too), but nothing stops a peer who speaks their
-  protocols (see the README's threat model).
+  protocols (see docs/security.md).
 - every file and dir under the runtime's run dir is owner-only, while a task runs
   and after;
 - the pool drops unsigned messages (counted, logged once) and treats a signed but
@@ -216,7 +216,7 @@ def test_rogue_process_cannot_run_code_or_forge_results(loaded, tmp_path, caplog
         # without the flood, after attacks (a)-(c) alone the running task never completes
         # (tried: RP's registry logs msgpack ExtraData errors, the result is still missing
         # 300 s later). A local denial of service hetflow cannot fix from outside RP
-        # (README, threat model). Issue 14 stays open on it.
+        # (docs/security.md). Issue 14 stays open on it.
         pytest.xfail("RADICAL-Pilot's servers and bridges stall under a local peer's junk")
     caplog.set_level(logging.WARNING, logger="hetflow")
     token = dfk.hetflow_token
