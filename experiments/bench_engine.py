@@ -80,7 +80,10 @@ def worker(args) -> None:
         tables.append(frame.generate(comm, per_rank, unique=args.unique, seed=SEEDS["right"]))
     part_mib = sum(t.local.nbytes for t in tables) / 2**20
     data_rss = _rss_mib()
-    times, cpu, rows, backend = [], [], 0, ""
+    times, cpu, rows, backend, phases = [], [], 0, "", []
+    if args.phases:
+        from hetflow.frame import _phases
+        _phases.enable()
     reset = _reset_peak()  # the peak counts the operations only, not building the input
     peak = 0.0
     for _ in range(args.repeats):
@@ -93,18 +96,23 @@ def worker(args) -> None:
         cpu.append(time.process_time() - c0)
         comm.Barrier()
         times.append(time.perf_counter() - t0)
+        if args.phases:
+            phases.append(_phases.take())  # before num_rows: its allreduce is not the op's
         rows, backend = out.num_rows(), out.backend
         del out
         peak = max(peak, _peak_rss_mib())
-    slowest = [max(ts) for ts in zip(*comm.allgather(times))]
+    comm_times = comm.allgather(times)
+    slowest = [max(ts) for ts in zip(*comm_times)]
     cpu_all = [sum(cs) for cs in zip(*comm.allgather(cpu))]  # CPU seconds of all ranks
+    phases_all = comm.gather(phases)
     mem = comm.gather({"rank": rank, "base_rss_mib": base_rss, "data_rss_mib": data_rss,
                        "peak_rss_mib": peak, "peak_ops_only": reset,
                        "partition_mib": part_mib})
     if rank == 0:
         with open(args.out, "w") as fh:
-            json.dump({"times": slowest, "cpu": cpu_all, "rows_out": rows, "memory": mem, "backend": backend,
-                       "ranks": size}, fh)
+            json.dump({"times": slowest, "cpu": cpu_all, "rows_out": rows, "memory": mem,
+                       "backend": backend, "ranks": size, "phases": phases_all,
+                       "rank_times": comm_times}, fh)
 
 
 # -- single-process peers -------------------------------------------------------------------
@@ -169,15 +177,100 @@ def _mpiexec() -> str:
     return local if os.path.exists(local) else "mpiexec"
 
 
-def hetflow_run(op: str, args) -> dict:
+def hetflow_run(op: str, args, ranks=None, rows=None, repeats=None) -> dict:
+    ranks = args.ranks if ranks is None else ranks
     with tempfile.TemporaryDirectory(prefix="hetflow-bench-") as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd = [_mpiexec(), "-n", str(args.ranks), sys.executable, "-m", "hetflow.experiments.bench_engine",
-               "--worker", "--op", op, "--rows", str(args.rows), "--unique", str(args.unique),
-               "--repeats", str(args.repeats), "--out", out]
-        subprocess.run(cmd, check=True, timeout=args.timeout)
+        cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m",
+               "hetflow.experiments.bench_engine", "--worker", "--op", op,
+               "--rows", str(args.rows if rows is None else rows), "--unique", str(args.unique),
+               "--repeats", str(args.repeats if repeats is None else repeats), "--out", out]
+        if args.phases:
+            cmd.append("--phases")
+        env = dict(os.environ)
+        env.update(kv.split("=", 1) for kv in args.mpi_env)
+        subprocess.run(cmd, check=True, timeout=args.timeout, env=env)
         with open(out) as fh:
             return json.load(fh)
+
+
+PHASES = ("check", "partition", "split", "pack", "exchange", "reassemble", "sample", "local")
+
+
+def _phase_summary(result: dict) -> dict:
+    """Per phase: median over repeats of the slowest rank's wall seconds, and of the CPU
+    seconds of all ranks together; plus 'other' = op time not in any phase."""
+    per_rep = list(zip(*result["phases"]))  # repeats x ranks of {phase: (wall, cpu)}
+    out = {}
+    names = [p for p in PHASES if any(p in r for rep in per_rep for r in rep)]
+    names += sorted({p for rep in per_rep for r in rep for p in r} - set(names))
+    for p in names:
+        wall = [max(r.get(p, (0, 0))[0] for r in rep) for rep in per_rep]
+        cpu = [sum(r.get(p, (0, 0))[1] for r in rep) for rep in per_rep]
+        out[p] = (statistics.median(wall), statistics.median(cpu))
+    total_wall = [statistics.median([max(ts) for ts in zip(*result["rank_times"])])]
+    accounted = sum(w for w, _ in out.values())
+    cpu_total = statistics.median(result["cpu"])
+    out["other"] = (max(0.0, total_wall[0] - accounted),
+                    max(0.0, cpu_total - sum(c for _, c in out.values())))
+    return out
+
+
+def scaling(args) -> int:
+    """1 -> R ranks on the paper's data at a fixed size per rank (weak scaling of the data,
+    strong comparison per rank): launches of each rank count interleaved, so load from other
+    work on the machine hits them alike; medians over every repeat of every round."""
+    counts = [int(c) for c in args.scaling.split(",")]
+    ops = args.ops.split(",")
+    print(f"hetflow scaling: {args.per_rank:,} rows/rank/table, ranks {counts}, {args.rounds} "
+          f"rounds x {args.repeats} repeats, MPI env {args.mpi_env or 'default'}, "
+          f"{os.cpu_count()} cores", flush=True)
+    runs = {(op, r): [] for op in ops for r in counts}
+    for _ in range(args.rounds):
+        for op in ops:
+            for r in counts:
+                runs[(op, r)].append(hetflow_run(op, args, ranks=r, rows=args.per_rank * r))
+    summary = {}
+    for (op, r), results in runs.items():
+        merged = {"times": sum((x["times"] for x in results), []),
+                  "cpu": sum((x["cpu"] for x in results), []),
+                  "rank_times": [sum((x["rank_times"][k] for x in results), [])
+                                 for k in range(r)],
+                  "phases": [sum((x["phases"][k] for x in results), []) for k in range(r)]
+                  if args.phases else None,
+                  "memory": [m for x in results for m in x["memory"]]}
+        summary[(op, r)] = merged
+    base = counts[0]
+    print(f"\n{'op':<5} {'ranks':>5} {'median s':>9} {'min s':>7} {'cpu s (all)':>12} "
+          f"{'speed-up':>9} {'cpu ratio':>10} {'(peak-base)/part':>17}")
+    for op in ops:
+        t0 = statistics.median(summary[(op, base)]["times"])
+        c0 = statistics.median(summary[(op, base)]["cpu"])
+        for r in counts:
+            m = summary[(op, r)]
+            t, c = statistics.median(m["times"]), statistics.median(m["cpu"])
+            mem = max((x["peak_rss_mib"] - x["base_rss_mib"]) / x["partition_mib"]
+                      for x in m["memory"])
+            print(f"{op:<5} {r:>5} {t:>9.3f} {min(m['times']):>7.3f} {c:>12.3f} {t0 / t:>9.2f} "
+                  f"{c / c0:>10.2f} {mem:>17.2f}")
+    print("speed-up: median time at the first rank count / median time here; cpu ratio: CPU "
+          "seconds of all ranks here / at the first rank count")
+    if args.phases:
+        for op in ops:
+            table = {r: _phase_summary(summary[(op, r)]) for r in counts}
+            seen = {p for r in counts for p in table[r]}
+            names = [p for p in PHASES if p in seen] + sorted(seen - set(PHASES) - {"other"})
+            names.append("other")
+            print(f"\n{op}: per-phase wall s (slowest rank) / CPU s (all ranks), medians")
+            print(f"{'phase':<11}" + "".join(f"{f'{r} rank wall':>14}{'cpu':>8}" for r in counts))
+            for p in names:
+                print(f"{p:<11}" + "".join(f"{table[r].get(p, (0, 0))[0]:>14.3f}"
+                                           f"{table[r].get(p, (0, 0))[1]:>8.3f}" for r in counts))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"args": vars(args),
+                       "runs": {f"{op}@{r}": v for (op, r), v in summary.items()}}, fh)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -189,6 +282,19 @@ def main(argv=None) -> int:
     ap.add_argument("--unique", type=float, default=0.9)
     ap.add_argument("--timeout", type=float, default=900, help="per mpiexec launch (s)")
     ap.add_argument("--json", help="also write the measurements here")
+    ap.add_argument("--phases", action="store_true",
+                    help="account each op's phases (partition, split, pack, exchange, "
+                         "reassemble, check, sample, local) per rank and print a breakdown")
+    ap.add_argument("--scaling", metavar="R1,R2",
+                    help="instead of the peers: hetflow at these rank counts with --per-rank "
+                         "rows per rank and table, launches interleaved over --rounds rounds; "
+                         "prints speed-ups and CPU ratios against the first rank count")
+    ap.add_argument("--per-rank", type=int, default=2_000_000,
+                    help="rows per rank and table for --scaling")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds for --scaling")
+    ap.add_argument("--ops", default="join,sort", help="ops for --scaling")
+    ap.add_argument("--mpi-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment for the ranks (e.g. an MPICH CVAR); repeatable")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--op", choices=["join", "sort"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -196,6 +302,8 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
+    if args.scaling:
+        return scaling(args)
 
     print(f"hetflow engine benchmark: 2 tables x {args.rows:,} rows (int64 key, value), "
           f"unique={args.unique}, {args.ranks} ranks, {args.repeats} repeats, "

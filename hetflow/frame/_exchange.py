@@ -22,6 +22,7 @@ import pyarrow.ipc as ipc
 from mpi4py import MPI
 
 from hetflow.frame._arrays import _single, arrow_of, from_values, plain_values, take_into
+from hetflow.frame._phases import phase
 
 _INT_MAX = 2**31 - 1
 
@@ -77,7 +78,8 @@ class RowExchange:
         send_rows = np.diff(np.asarray(self.offsets, np.int64))
         if self.size > 1:
             self.recv_rows = np.zeros(self.size, np.int64)
-            comm.Alltoall(send_rows, self.recv_rows)
+            with phase("exchange"):
+                comm.Alltoall(send_rows, self.recv_rows)
         else:
             self.recv_rows = send_rows
         self.num_rows = int(self.recv_rows.sum())
@@ -91,6 +93,10 @@ class RowExchange:
 
     def column(self, col) -> pa.Array:
         """Exchange one column of the partition the routing was built for (collective)."""
+        with phase("pack"):
+            return self._column(col)
+
+    def _column(self, col) -> pa.Array:
         arr = _single(col)
         if self.size == 1:
             idx = self._rows(0)
@@ -128,7 +134,8 @@ class RowExchange:
             del sink
             send = np.frombuffer(buf, np.uint8) if buf.size else np.empty(0, np.uint8)
         recv_meta = np.zeros((size, 2), np.int64)
-        self.comm.Alltoall(meta, recv_meta)
+        with phase("exchange"):
+            self.comm.Alltoall(meta, recv_meta)
         send_bytes = send.view(np.uint8) if send.size else np.empty(0, np.uint8)
         if (recv_meta[:, 1] == _RAW).all() and values is not None:
             return self._receive_plain(arr.type, values, send_bytes, meta, recv_meta)
@@ -145,17 +152,24 @@ class RowExchange:
         _check_large_counts(np.concatenate([meta[:, 0], recv_counts]))
         send_displs = np.zeros(self.size, np.int64)
         np.cumsum(meta[:-1, 0], out=send_displs[1:])
-        self.comm.Alltoallv([send, (meta[:, 0].copy(), send_displs), MPI.BYTE],
-                            [out.view(np.uint8), (recv_counts, row_displs * w), MPI.BYTE])
+        with phase("exchange"):
+            self.comm.Alltoallv([send, (meta[:, 0].copy(), send_displs), MPI.BYTE],
+                                [out.view(np.uint8), (recv_counts, row_displs * w), MPI.BYTE])
         del send
-        own = self._rows(self.rank)
-        lo = int(row_displs[self.rank])
-        take_into(values, own, out[lo:lo + len(own)])
-        return from_values(t, out)
+        with phase("reassemble"):
+            own = self._rows(self.rank)
+            lo = int(row_displs[self.rank])
+            take_into(values, own, out[lo:lo + len(own)])
+            return from_values(t, out)
 
     def _receive_mixed(self, arr, values, send, meta, recv_meta) -> pa.Array:
-        recv = _alltoallv(self.comm, send, meta[:, 0].copy(), recv_meta[:, 0].copy())
+        with phase("exchange"):
+            recv = _alltoallv(self.comm, send, meta[:, 0].copy(), recv_meta[:, 0].copy())
         del send
+        with phase("reassemble"):
+            return self._assemble_mixed(arr, recv, recv_meta)
+
+    def _assemble_mixed(self, arr, recv, recv_meta) -> pa.Array:
         recv_buf = pa.py_buffer(recv)
         one = pa.schema([pa.field("c", arr.type)])
         parts: List[pa.Array] = []
@@ -235,6 +249,11 @@ def gather(comm, table: pa.Table, root: int = 0) -> Optional[pa.Table]:
 def split_by(dest: np.ndarray, parts: int):
     """Stable grouping of row indices by destination: (order, offsets) with rows for d at
     ``order[offsets[d]:offsets[d+1]]`` in their original relative order."""
+    with phase("split"):
+        return _split_by(dest, parts)
+
+
+def _split_by(dest: np.ndarray, parts: int):
     counts = np.bincount(dest, minlength=parts)
     offsets = np.zeros(parts + 1, np.int64)
     np.cumsum(counts, out=offsets[1:])

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from hetflow.errors import NotSupported
 from hetflow.frame._arrays import to_numpy
+from hetflow.frame._phases import phase
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -146,6 +147,11 @@ def hash_rows(xp, table: pa.Table, keys: Sequence[str]):
 
 def partition_of(xp, table: pa.Table, keys: Sequence[str], parts: int) -> np.ndarray:
     """Destination partition (0..parts-1) of each row, as a small host integer array."""
+    with phase("partition"):
+        return _partition_of(xp, table, keys, parts)
+
+
+def _partition_of(xp, table: pa.Table, keys: Sequence[str], parts: int) -> np.ndarray:
     h = hash_rows(xp, table, keys)
     dest = (h % np.uint64(parts)).astype(np.uint16 if parts <= 2**16 else np.int64)
     del h

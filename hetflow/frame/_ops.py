@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
 from hetflow.frame import _arrays, _backend, _check, _exchange, _hash, _localjoin, _localsort
+from hetflow.frame._phases import phase
 from hetflow.frame._table import DistributedTable
 
 log = logging.getLogger("hetflow.frame")
@@ -119,7 +120,8 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
     lt = _shuffle_local(comm, _canonical_zero(left.local, lk), lk, be)
     rt = _shuffle_local(comm, _canonical_zero(right.local, rk), rk, be)
     del left, right  # the caller still holds them; we only drop our references
-    out = _localjoin.join(lt, rt, lk, rk, how, tuple(suffixes))
+    with phase("local"):
+        out = _localjoin.join(lt, rt, lk, rk, how, tuple(suffixes))
     return DistributedTable(comm, out, backend=be if comm.Get_size() > 1 else "cpu")
 
 
@@ -149,10 +151,11 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
     left_route, right_route = routes
     keys = {"left": left_route.column(left.column(lkey)),
             "right": right_route.column(right.column(rkey))}
-    li, ri = _localjoin.match(keys["left"], keys["right"], how)
-    return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
-                               lambda name: left_route.column(left.column(name)),
-                               lambda name: right_route.column(right.column(name)), keys)
+    with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
+        li, ri = _localjoin.match(keys["left"], keys["right"], how)
+        return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
+                                   lambda name: left_route.column(left.column(name)),
+                                   lambda name: right_route.column(right.column(name)), keys)
 
 
 def _canonical_zero(table: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -229,10 +232,12 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
     size = comm.Get_size()
     xp = _backend.array_module(be)
     column = table.column(name)
-    order = _localsort.sort_order(xp, column, descending)
-    if size == 1:
-        return table.take(_arrays.arrow_of(order))
-    bounds = _sample_bounds(comm, order, _localsort.key_values(column), descending)
+    with phase("local"):
+        order = _localsort.sort_order(xp, column, descending)
+        if size == 1:
+            return table.take(_arrays.arrow_of(order))
+    with phase("sample"):
+        bounds = _sample_bounds(comm, order, _localsort.key_values(column), descending)
     # Keys first: the received runs (one per source rank, each sorted) are merged into a
     # gather order; then every column is fetched and gathered into place one at a time, so a
     # column's receive buffer is freed before the next one arrives.
@@ -240,7 +245,8 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
     del order
     key_index = table.schema.get_field_index(name)
     received = ex.column(table.column(key_index))
-    merge = _localsort.merge_order(_merge_keys(received, descending))
+    with phase("local"):
+        merge = _localsort.merge_order(_merge_keys(received, descending))
     columns: List[Optional[pa.Array]] = [None] * table.num_columns
     fetch = [key_index] + [i for i in range(table.num_columns) if i != key_index]
     for i in fetch:
@@ -248,7 +254,8 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
             received = ex.column(table.column(i))
         if i == fetch[-1]:
             ex.release()  # every column has arrived: the routing is no longer needed
-        columns[i] = _localjoin.take(received, merge, False)
+        with phase("local"):
+            columns[i] = _localjoin.take(received, merge, False)
         del received
     return pa.Table.from_arrays(columns, schema=table.schema)
 
