@@ -217,19 +217,21 @@ def _phase_summary(result: dict) -> dict:
 
 
 def scaling(args) -> int:
-    """1 -> R ranks on the paper's data at a fixed size per rank (weak scaling of the data,
-    strong comparison per rank): launches of each rank count interleaved, so load from other
+    """1 -> R ranks on the paper's data, the tables' size fixed (strong scaling) or growing with
+    the ranks (``--weak``): launches of each rank count interleaved, so load from other
     work on the machine hits them alike; medians over every repeat of every round."""
     counts = [int(c) for c in args.scaling.split(",")]
     ops = args.ops.split(",")
-    print(f"hetflow scaling: {args.per_rank:,} rows/rank/table, ranks {counts}, {args.rounds} "
+    kind = "weak: rows per rank" if args.weak else f"strong: rows per table at {counts[0]} rank(s)"
+    print(f"hetflow scaling ({kind} = {args.per_rank:,}), ranks {counts}, {args.rounds} "
           f"rounds x {args.repeats} repeats, MPI env {args.mpi_env or 'default'}, "
           f"{os.cpu_count()} cores", flush=True)
     runs = {(op, r): [] for op in ops for r in counts}
     for _ in range(args.rounds):
         for op in ops:
             for r in counts:
-                runs[(op, r)].append(hetflow_run(op, args, ranks=r, rows=args.per_rank * r))
+                rows = args.per_rank * (r if args.weak else counts[0])
+                runs[(op, r)].append(hetflow_run(op, args, ranks=r, rows=rows))
     summary = {}
     for (op, r), results in runs.items():
         merged = {"times": sum((x["times"] for x in results), []),
@@ -290,7 +292,10 @@ def main(argv=None) -> int:
                          "rows per rank and table, launches interleaved over --rounds rounds; "
                          "prints speed-ups and CPU ratios against the first rank count")
     ap.add_argument("--per-rank", type=int, default=2_000_000,
-                    help="rows per rank and table for --scaling")
+                    help="--scaling: rows per table at the first rank count (strong scaling: "
+                         "the tables keep that size as ranks grow), or per rank with --weak")
+    ap.add_argument("--weak", action="store_true",
+                    help="--scaling with --per-rank rows on every rank (weak scaling)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds for --scaling")
     ap.add_argument("--ops", default="join,sort", help="ops for --scaling")
     ap.add_argument("--mpi-env", action="append", default=[], metavar="KEY=VALUE",

@@ -146,16 +146,14 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
             dest = _hash.partition_of(xp, table, [key], size)
             order, offsets = _exchange.split_by(dest, size)
             del dest
-        routes.append(_exchange.RowExchange(comm, order, offsets))
+        routes.append(_exchange.RowExchange(comm, order, offsets, table))
         del order
     left_route, right_route = routes
-    keys = {"left": left_route.column(left.column(lkey)),
-            "right": right_route.column(right.column(rkey))}
+    keys = {"left": left_route.column(lkey), "right": right_route.column(rkey)}
     with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
         li, ri = _localjoin.match(keys["left"], keys["right"], how)
         return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
-                                   lambda name: left_route.column(left.column(name)),
-                                   lambda name: right_route.column(right.column(name)), keys)
+                                   left_route.column, right_route.column, keys)
 
 
 def _canonical_zero(table: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -241,17 +239,17 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
     # Keys first: the received runs (one per source rank, each sorted) are merged into a
     # gather order; then every column is fetched and gathered into place one at a time, so a
     # column's receive buffer is freed before the next one arrives.
-    ex = _exchange.RowExchange(comm, order, bounds)
+    ex = _exchange.RowExchange(comm, order, bounds, table)
     del order
     key_index = table.schema.get_field_index(name)
-    received = ex.column(table.column(key_index))
+    received = ex.column(key_index)
     with phase("local"):
         merge = _localsort.merge_order(_merge_keys(received, descending))
     columns: List[Optional[pa.Array]] = [None] * table.num_columns
     fetch = [key_index] + [i for i in range(table.num_columns) if i != key_index]
     for i in fetch:
         if i != key_index:
-            received = ex.column(table.column(i))
+            received = ex.column(i)
         if i == fetch[-1]:
             ex.release()  # every column has arrived: the routing is no longer needed
         with phase("local"):
