@@ -286,6 +286,7 @@ def _sample_bounds(comm, order: np.ndarray, column_values: np.ndarray,
     n = len(order)
     m = min(n, _samples_per_rank(size))
     pos = (np.arange(m, dtype=np.int64) * n) // m if m else np.zeros(0, np.int64)
+    _exchange.wait_all([comm.Ibarrier()])  # a slower rank's local sort is waited for asleep
     gathered = comm.allgather((key_at(order[pos]), pos))
     values = np.concatenate([g[0] for g in gathered]).astype(np.uint64)
     ranks = np.concatenate([np.full(len(g[1]), r, np.int64) for r, g in enumerate(gathered)])
