@@ -473,10 +473,20 @@ class GroupBy:
         return DistributedTable(t.comm, out, backend=be if t.comm.Get_size() > 1 else "cpu")
 
 
+def _group_by(table: pa.Table, by: List[str]):
+    """``table.group_by(by)`` on one thread (a deterministic group order); pyarrow < 12 has no
+    ``use_threads`` and gives its own order, which no caller relies on (groups are
+    re-aggregated, and ``unique`` sorts the rows it keeps)."""
+    try:
+        return table.group_by(by, use_threads=False)
+    except TypeError:  # pyarrow < 12 (pycylon's environments pin pyarrow 9-10)
+        return table.group_by(by)
+
+
 def _group(table: pa.Table, by: List[str], aggs) -> pa.Table:
     """Group-by-aggregate whose result columns are ``by`` then each aggregated column's own
     name (Arrow names them ``col_func`` and has changed their position between versions)."""
-    out = table.group_by(by, use_threads=False).aggregate(aggs)
+    out = _group_by(table, by).aggregate(aggs)
     wanted = list(by) + [f"{col}_{func}" for col, func in aggs]
     return out.select(wanted).rename_columns(list(by) + [col for col, _ in aggs])
 
@@ -500,7 +510,7 @@ def unique(table: DistributedTable, subset=None, *,
         marker += "_"
     indexed = shuffled.select(names).append_column(
         marker, _arrays.arrow_of(np.arange(shuffled.num_rows, dtype=np.int64)))
-    first = indexed.group_by(names, use_threads=False).aggregate([(marker, "min")])
+    first = _group_by(indexed, names).aggregate([(marker, "min")])
     keep = np.sort(_arrays.to_numpy(first.column(f"{marker}_min")))
     out = shuffled.take(_arrays.arrow_of(keep))
     return DistributedTable(table.comm, out, backend=be if table.comm.Get_size() > 1 else "cpu")
