@@ -126,6 +126,63 @@ def worker(args) -> None:
                        "rank_times": comm_times}, fh)
 
 
+def wait_probe_worker(args) -> None:
+    """Rank 1 does a fixed piece of NumPy work while rank 0 waits for it (``--wait-mode``):
+    rank 0's CPU seconds while waiting and rank 1's wall time for its work show what a wait
+    costs the waiter and its peer on this node."""
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    data = np.random.default_rng(rank).integers(0, 2**40, 2_000_000)
+    rows = []
+    for _ in range(args.repeats):
+        _barrier(comm)
+        w0, c0 = time.perf_counter(), time.process_time()
+        if rank == 1:
+            for _ in range(3):
+                np.sort(data)
+        if args.wait_mode == "blocking":
+            comm.Barrier()
+        else:
+            _barrier(comm)
+        rows.append((time.perf_counter() - w0, time.process_time() - c0))
+    got = comm.gather(rows)
+    if rank == 0:
+        with open(args.out, "w") as fh:
+            json.dump(got, fh)
+
+
+def wait_probe(args) -> int:
+    """MPICH's busy-wait vs a sleeping wait, with and without MPIR_CVAR_POLLS_BEFORE_YIELD."""
+    modes = [("blocking", {}), ("blocking", {"MPIR_CVAR_POLLS_BEFORE_YIELD": "1"}),
+             ("blocking", {"MPICH_ASYNC_PROGRESS": "1"}), ("sleeping", {})]
+    print(f"wait probe: rank 1 sorts 3 x 2M int64 while rank 0 waits; {args.rounds} rounds x "
+          f"{args.repeats} repeats, medians")
+    print(f"{'wait':<10} {'env':<34} {'waiter cpu s':>13} {'waiter wall s':>14} "
+          f"{'worker wall s':>14} {'worker cpu s':>13}")
+    results = {i: [] for i in range(len(modes))}
+    for _ in range(args.rounds):
+        for i, (mode, env) in enumerate(modes):
+            with tempfile.TemporaryDirectory(prefix="hetflow-bench-") as tmp:
+                out = os.path.join(tmp, "probe.json")
+                cmd = [_mpiexec(), "-n", "2", sys.executable, "-m",
+                       "hetflow.experiments.bench_engine", "--wait-probe-worker", "--wait-mode",
+                       mode, "--repeats", str(args.repeats), "--out", out]
+                subprocess.run(cmd, check=True, timeout=args.timeout, env={**os.environ, **env})
+                with open(out) as fh:
+                    results[i].append(json.load(fh))
+    for i, (mode, env) in enumerate(modes):
+        waiter = [r for run in results[i] for r in run[0]]
+        worker_rows = [r for run in results[i] for r in run[1]]
+        med = lambda xs: statistics.median(xs)  # noqa: E731 - a local shorthand
+        print(f"{mode:<10} {' '.join(f'{k}={v}' for k, v in env.items()) or 'default':<34} "
+              f"{med([c for _, c in waiter]):>13.3f} {med([w for w, _ in waiter]):>14.3f} "
+              f"{med([w for w, _ in worker_rows]):>14.3f} {med([c for _, c in worker_rows]):>13.3f}")
+    return 0
+
+
 # -- single-process peers -------------------------------------------------------------------
 def _tables(rows: int, ranks: int, unique: float):
     import pyarrow as pa
@@ -311,6 +368,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", default="join,sort", help="ops for --scaling")
     ap.add_argument("--mpi-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for the ranks (e.g. an MPICH CVAR); repeatable")
+    ap.add_argument("--wait-probe", action="store_true",
+                    help="measure what waiting for a busy peer costs (MPICH's blocking wait, "
+                         "with yield or async progress, vs the engine's sleeping wait)")
+    ap.add_argument("--wait-probe-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--wait-mode", choices=["blocking", "sleeping"], help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--op", choices=["join", "sort"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -318,6 +380,11 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
+    if args.wait_probe_worker:
+        wait_probe_worker(args)
+        return 0
+    if args.wait_probe:
+        return wait_probe(args)
     if args.scaling:
         return scaling(args)
 

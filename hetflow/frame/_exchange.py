@@ -60,12 +60,12 @@ _RAW, _IPC = 0, 1
 # work) than cores, a rank that waits for a slower peer burns the CPU that peer needs, and its
 # CPU seconds double the operation's real work. Every wait of the exchange therefore posts a
 # non-blocking call and polls it with MPI_Testall: a few hundred polls at full speed (a peer
-# that is already there costs nothing extra), then sleeps from 20 us doubling to 1 ms between
-# polls. Large messages between ranks of one node go by CMA (one kernel copy done by the
-# receiver inside a single poll, MPICH's default here), so the sleeps add at most a
-# millisecond per message, never a copy stalled on the sender's progress.
+# that is already there costs nothing extra), then sleeps from 20 us doubling to 0.25 ms
+# between polls (a wake-up costs microseconds of CPU; a late one at most 0.25 ms of wall time).
+# Large messages between ranks of one node go by CMA (one kernel copy done by the receiver
+# inside a single poll, MPICH's default here), never a copy stalled on the sender's progress.
 _SPIN_POLLS = 200
-_FIRST_SLEEP, _MAX_SLEEP = 20e-6, 1e-3
+_FIRST_SLEEP, _MAX_SLEEP = 20e-6, 250e-6
 
 
 def wait_all(requests) -> None:
