@@ -146,6 +146,8 @@ class RowExchange:
             known = False
             if isinstance(col, (str, int)):
                 i = col if isinstance(col, int) else self.table.schema.get_field_index(col)
+                if i < 0:  # a missing or repeated name: Arrow's own KeyError
+                    self.table.column(col)
                 known = self.size > 1 and self.plain_everywhere[i]
                 col = self.table.column(i)
             arr = _single(col)
