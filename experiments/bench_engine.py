@@ -60,6 +60,17 @@ def _reset_peak() -> bool:
 
 
 # -- the ranks' side ------------------------------------------------------------------------
+def _barrier(comm) -> None:
+    """The timing barrier, waited for asleep: MPICH's blocking barrier busy-polls, and on a
+    node with more runnable processes than cores the rank that finished first would take CPU
+    from the one still working, inflating the very time being measured."""
+    req = comm.Ibarrier()
+    delay = 20e-6
+    while not req.Test():
+        time.sleep(delay)
+        delay = min(2 * delay, 1e-3)
+
+
 def worker(args) -> None:
     from mpi4py import MPI
 
@@ -80,31 +91,96 @@ def worker(args) -> None:
         tables.append(frame.generate(comm, per_rank, unique=args.unique, seed=SEEDS["right"]))
     part_mib = sum(t.local.nbytes for t in tables) / 2**20
     data_rss = _rss_mib()
-    times, cpu, rows, backend = [], [], 0, ""
+    times, cpu, rows, backend, phases = [], [], 0, "", []
+    if args.phases:
+        from hetflow.frame import _phases
+        _phases.enable()
     reset = _reset_peak()  # the peak counts the operations only, not building the input
     peak = 0.0
     for _ in range(args.repeats):
-        comm.Barrier()
+        _barrier(comm)
         t0, c0 = time.perf_counter(), time.process_time()
         if args.op == "join":
             out = frame.join(left, tables[1], on="key")
         else:
             out = frame.sort(left, "key")
         cpu.append(time.process_time() - c0)
-        comm.Barrier()
+        _barrier(comm)
         times.append(time.perf_counter() - t0)
+        if args.phases:
+            phases.append(_phases.take())  # before num_rows: its allreduce is not the op's
         rows, backend = out.num_rows(), out.backend
         del out
         peak = max(peak, _peak_rss_mib())
-    slowest = [max(ts) for ts in zip(*comm.allgather(times))]
+    comm_times = comm.allgather(times)
+    slowest = [max(ts) for ts in zip(*comm_times)]
     cpu_all = [sum(cs) for cs in zip(*comm.allgather(cpu))]  # CPU seconds of all ranks
+    phases_all = comm.gather(phases)
     mem = comm.gather({"rank": rank, "base_rss_mib": base_rss, "data_rss_mib": data_rss,
                        "peak_rss_mib": peak, "peak_ops_only": reset,
                        "partition_mib": part_mib})
     if rank == 0:
         with open(args.out, "w") as fh:
-            json.dump({"times": slowest, "cpu": cpu_all, "rows_out": rows, "memory": mem, "backend": backend,
-                       "ranks": size}, fh)
+            json.dump({"times": slowest, "cpu": cpu_all, "rows_out": rows, "memory": mem,
+                       "backend": backend, "ranks": size, "phases": phases_all,
+                       "rank_times": comm_times}, fh)
+
+
+def wait_probe_worker(args) -> None:
+    """Rank 1 does a fixed piece of NumPy work while rank 0 waits for it (``--wait-mode``):
+    rank 0's CPU seconds while waiting and rank 1's wall time for its work show what a wait
+    costs the waiter and its peer on this node."""
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    data = np.random.default_rng(rank).integers(0, 2**40, 2_000_000)
+    rows = []
+    for _ in range(args.repeats):
+        _barrier(comm)
+        w0, c0 = time.perf_counter(), time.process_time()
+        if rank == 1:
+            for _ in range(3):
+                np.sort(data)
+        if args.wait_mode == "blocking":
+            comm.Barrier()
+        else:
+            _barrier(comm)
+        rows.append((time.perf_counter() - w0, time.process_time() - c0))
+    got = comm.gather(rows)
+    if rank == 0:
+        with open(args.out, "w") as fh:
+            json.dump(got, fh)
+
+
+def wait_probe(args) -> int:
+    """MPICH's busy-wait vs a sleeping wait, with and without MPIR_CVAR_POLLS_BEFORE_YIELD."""
+    modes = [("blocking", {}), ("blocking", {"MPIR_CVAR_POLLS_BEFORE_YIELD": "1"}),
+             ("blocking", {"MPICH_ASYNC_PROGRESS": "1"}), ("sleeping", {})]
+    print(f"wait probe: rank 1 sorts 3 x 2M int64 while rank 0 waits; {args.rounds} rounds x "
+          f"{args.repeats} repeats, medians")
+    print(f"{'wait':<10} {'env':<34} {'waiter cpu s':>13} {'waiter wall s':>14} "
+          f"{'worker wall s':>14} {'worker cpu s':>13}")
+    results = {i: [] for i in range(len(modes))}
+    for _ in range(args.rounds):
+        for i, (mode, env) in enumerate(modes):
+            with tempfile.TemporaryDirectory(prefix="hetflow-bench-") as tmp:
+                out = os.path.join(tmp, "probe.json")
+                cmd = [_mpiexec(), "-n", "2", sys.executable, "-m",
+                       "hetflow.experiments.bench_engine", "--wait-probe-worker", "--wait-mode",
+                       mode, "--repeats", str(args.repeats), "--out", out]
+                subprocess.run(cmd, check=True, timeout=args.timeout, env={**os.environ, **env})
+                with open(out) as fh:
+                    results[i].append(json.load(fh))
+    for i, (mode, env) in enumerate(modes):
+        waiter = [r for run in results[i] for r in run[0]]
+        worker_rows = [r for run in results[i] for r in run[1]]
+        med = lambda xs: statistics.median(xs)  # noqa: E731 - a local shorthand
+        print(f"{mode:<10} {' '.join(f'{k}={v}' for k, v in env.items()) or 'default':<34} "
+              f"{med([c for _, c in waiter]):>13.3f} {med([w for w, _ in waiter]):>14.3f} "
+              f"{med([w for w, _ in worker_rows]):>14.3f} {med([c for _, c in worker_rows]):>13.3f}")
+    return 0
 
 
 # -- single-process peers -------------------------------------------------------------------
@@ -169,15 +245,102 @@ def _mpiexec() -> str:
     return local if os.path.exists(local) else "mpiexec"
 
 
-def hetflow_run(op: str, args) -> dict:
+def hetflow_run(op: str, args, ranks=None, rows=None, repeats=None) -> dict:
+    ranks = args.ranks if ranks is None else ranks
     with tempfile.TemporaryDirectory(prefix="hetflow-bench-") as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd = [_mpiexec(), "-n", str(args.ranks), sys.executable, "-m", "hetflow.experiments.bench_engine",
-               "--worker", "--op", op, "--rows", str(args.rows), "--unique", str(args.unique),
-               "--repeats", str(args.repeats), "--out", out]
-        subprocess.run(cmd, check=True, timeout=args.timeout)
+        cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m",
+               "hetflow.experiments.bench_engine", "--worker", "--op", op,
+               "--rows", str(args.rows if rows is None else rows), "--unique", str(args.unique),
+               "--repeats", str(args.repeats if repeats is None else repeats), "--out", out]
+        if args.phases:
+            cmd.append("--phases")
+        env = dict(os.environ)
+        env.update(kv.split("=", 1) for kv in args.mpi_env)
+        subprocess.run(cmd, check=True, timeout=args.timeout, env=env)
         with open(out) as fh:
             return json.load(fh)
+
+
+PHASES = ("check", "partition", "split", "pack", "exchange", "reassemble", "sample", "local")
+
+
+def _phase_summary(result: dict) -> dict:
+    """Per phase: median over repeats of the slowest rank's wall seconds, and of the CPU
+    seconds of all ranks together; plus 'other' = op time not in any phase."""
+    per_rep = list(zip(*result["phases"]))  # repeats x ranks of {phase: (wall, cpu)}
+    out = {}
+    names = [p for p in PHASES if any(p in r for rep in per_rep for r in rep)]
+    names += sorted({p for rep in per_rep for r in rep for p in r} - set(names))
+    for p in names:
+        wall = [max(r.get(p, (0, 0))[0] for r in rep) for rep in per_rep]
+        cpu = [sum(r.get(p, (0, 0))[1] for r in rep) for rep in per_rep]
+        out[p] = (statistics.median(wall), statistics.median(cpu))
+    total_wall = [statistics.median([max(ts) for ts in zip(*result["rank_times"])])]
+    accounted = sum(w for w, _ in out.values())
+    cpu_total = statistics.median(result["cpu"])
+    out["other"] = (max(0.0, total_wall[0] - accounted),
+                    max(0.0, cpu_total - sum(c for _, c in out.values())))
+    return out
+
+
+def scaling(args) -> int:
+    """1 -> R ranks on the paper's data, the tables' size fixed (strong scaling) or growing with
+    the ranks (``--weak``): launches of each rank count interleaved, so load from other
+    work on the machine hits them alike; medians over every repeat of every round."""
+    counts = [int(c) for c in args.scaling.split(",")]
+    ops = args.ops.split(",")
+    kind = "weak: rows per rank" if args.weak else f"strong: rows per table at {counts[0]} rank(s)"
+    print(f"hetflow scaling ({kind} = {args.per_rank:,}), ranks {counts}, {args.rounds} "
+          f"rounds x {args.repeats} repeats, MPI env {args.mpi_env or 'default'}, "
+          f"{os.cpu_count()} cores", flush=True)
+    runs = {(op, r): [] for op in ops for r in counts}
+    for _ in range(args.rounds):
+        for op in ops:
+            for r in counts:
+                rows = args.per_rank * (r if args.weak else counts[0])
+                runs[(op, r)].append(hetflow_run(op, args, ranks=r, rows=rows))
+    summary = {}
+    for (op, r), results in runs.items():
+        merged = {"times": sum((x["times"] for x in results), []),
+                  "cpu": sum((x["cpu"] for x in results), []),
+                  "rank_times": [sum((x["rank_times"][k] for x in results), [])
+                                 for k in range(r)],
+                  "phases": [sum((x["phases"][k] for x in results), []) for k in range(r)]
+                  if args.phases else None,
+                  "memory": [m for x in results for m in x["memory"]]}
+        summary[(op, r)] = merged
+    base = counts[0]
+    print(f"\n{'op':<5} {'ranks':>5} {'median s':>9} {'min s':>7} {'cpu s (all)':>12} "
+          f"{'speed-up':>9} {'cpu ratio':>10} {'(peak-base)/part':>17}")
+    for op in ops:
+        t0 = statistics.median(summary[(op, base)]["times"])
+        c0 = statistics.median(summary[(op, base)]["cpu"])
+        for r in counts:
+            m = summary[(op, r)]
+            t, c = statistics.median(m["times"]), statistics.median(m["cpu"])
+            mem = max((x["peak_rss_mib"] - x["base_rss_mib"]) / x["partition_mib"]
+                      for x in m["memory"])
+            print(f"{op:<5} {r:>5} {t:>9.3f} {min(m['times']):>7.3f} {c:>12.3f} {t0 / t:>9.2f} "
+                  f"{c / c0:>10.2f} {mem:>17.2f}")
+    print("speed-up: median time at the first rank count / median time here; cpu ratio: CPU "
+          "seconds of all ranks here / at the first rank count")
+    if args.phases:
+        for op in ops:
+            table = {r: _phase_summary(summary[(op, r)]) for r in counts}
+            seen = {p for r in counts for p in table[r]}
+            names = [p for p in PHASES if p in seen] + sorted(seen - set(PHASES) - {"other"})
+            names.append("other")
+            print(f"\n{op}: per-phase wall s (slowest rank) / CPU s (all ranks), medians")
+            print(f"{'phase':<11}" + "".join(f"{f'{r} rank wall':>14}{'cpu':>8}" for r in counts))
+            for p in names:
+                print(f"{p:<11}" + "".join(f"{table[r].get(p, (0, 0))[0]:>14.3f}"
+                                           f"{table[r].get(p, (0, 0))[1]:>8.3f}" for r in counts))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"args": vars(args),
+                       "runs": {f"{op}@{r}": v for (op, r), v in summary.items()}}, fh)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -189,6 +352,27 @@ def main(argv=None) -> int:
     ap.add_argument("--unique", type=float, default=0.9)
     ap.add_argument("--timeout", type=float, default=900, help="per mpiexec launch (s)")
     ap.add_argument("--json", help="also write the measurements here")
+    ap.add_argument("--phases", action="store_true",
+                    help="account each op's phases (partition, split, pack, exchange, "
+                         "reassemble, check, sample, local) per rank and print a breakdown")
+    ap.add_argument("--scaling", metavar="R1,R2",
+                    help="instead of the peers: hetflow at these rank counts with --per-rank "
+                         "rows per rank and table, launches interleaved over --rounds rounds; "
+                         "prints speed-ups and CPU ratios against the first rank count")
+    ap.add_argument("--per-rank", type=int, default=2_000_000,
+                    help="--scaling: rows per table at the first rank count (strong scaling: "
+                         "the tables keep that size as ranks grow), or per rank with --weak")
+    ap.add_argument("--weak", action="store_true",
+                    help="--scaling with --per-rank rows on every rank (weak scaling)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds for --scaling")
+    ap.add_argument("--ops", default="join,sort", help="ops for --scaling")
+    ap.add_argument("--mpi-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment for the ranks (e.g. an MPICH CVAR); repeatable")
+    ap.add_argument("--wait-probe", action="store_true",
+                    help="measure what waiting for a busy peer costs (MPICH's blocking wait, "
+                         "with yield or async progress, vs the engine's sleeping wait)")
+    ap.add_argument("--wait-probe-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--wait-mode", choices=["blocking", "sleeping"], help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--op", choices=["join", "sort"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -196,6 +380,13 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
+    if args.wait_probe_worker:
+        wait_probe_worker(args)
+        return 0
+    if args.wait_probe:
+        return wait_probe(args)
+    if args.scaling:
+        return scaling(args)
 
     print(f"hetflow engine benchmark: 2 tables x {args.rows:,} rows (int64 key, value), "
           f"unique={args.unique}, {args.ranks} ranks, {args.repeats} repeats, "

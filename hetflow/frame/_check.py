@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from hetflow import errors
 from hetflow.errors import HetflowError, InputError, KeyColumnError, SchemaMismatch
+from hetflow.frame._phases import phase
 
 
 def _describe_error(exc: Optional[BaseException]):
@@ -37,8 +38,20 @@ def agree(comm, schemas: Sequence[pa.Schema], *, error: Optional[BaseException] 
 
     ``what`` names each schema's table in messages (e.g. ``("left", "right")``).
     """
+    with phase("check"):
+        return _agree(comm, schemas, error, facts, what)
+
+
+def _agree(comm, schemas, error, facts, what):
     payload = ([s.serialize().to_pybytes() for s in schemas], _describe_error(error), facts)
-    gathered = comm.allgather(payload) if comm.Get_size() > 1 else [payload]
+    if comm.Get_size() > 1:
+        # wait for the slowest rank asleep (a busy-wait in allgather would take the CPU it
+        # needs on a full node); the allgather then finds every rank there
+        from hetflow.frame._exchange import wait_all
+        wait_all([comm.Ibarrier()])
+        gathered = comm.allgather(payload)
+    else:
+        gathered = [payload]
     size = len(gathered)
     for rank, (_, err, _) in enumerate(gathered):
         if err is not None:

@@ -14,6 +14,7 @@ exchange more than 2 GiB with a peer (MPICH >= 4.0).
 """
 from __future__ import annotations
 
+import time
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -21,7 +22,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 from mpi4py import MPI
 
-from hetflow.frame._arrays import _single, arrow_of, from_values, plain_values, take_into
+from hetflow.frame._arrays import _raw_width, _single, arrow_of, from_values, plain_values, take_into
+from hetflow.frame._phases import phase
 
 _INT_MAX = 2**31 - 1
 
@@ -54,6 +56,33 @@ def _check_large_counts(counts: np.ndarray) -> None:
 
 _RAW, _IPC = 0, 1
 
+# Waiting for peers. MPICH's blocking calls busy-poll: on a node with more ranks (and other
+# work) than cores, a rank that waits for a slower peer burns the CPU that peer needs, and its
+# CPU seconds double the operation's real work. Every wait of the exchange therefore posts a
+# non-blocking call and polls it with MPI_Testall: a few hundred polls at full speed (a peer
+# that is already there costs nothing extra), then sleeps from 20 us doubling to 0.25 ms
+# between polls (a wake-up costs microseconds of CPU; a late one at most 0.25 ms of wall time).
+# Large messages between ranks of one node go by CMA (one kernel copy done by the receiver
+# inside a single poll, MPICH's default here), never a copy stalled on the sender's progress.
+_SPIN_POLLS = 200
+_FIRST_SLEEP, _MAX_SLEEP = 20e-6, 250e-6
+
+
+def wait_all(requests) -> None:
+    """Complete MPI requests, sleeping between polls instead of busy-waiting (see above)."""
+    requests = [r for r in requests if r is not None]
+    if not requests:
+        return
+    test = MPI.Request.Testall
+    with phase("exchange"):
+        for _ in range(_SPIN_POLLS):
+            if test(requests):
+                return
+        delay = _FIRST_SLEEP
+        while not test(requests):
+            time.sleep(delay)
+            delay = min(delay * 2, _MAX_SLEEP)
+
 
 class RowExchange:
     """One all-to-all routing of a partition's rows: rows ``order[offsets[d]:offsets[d+1]]`` go
@@ -67,17 +96,37 @@ class RowExchange:
     stream per destination (strings, booleans, nulls, anything). Received rows are ordered by
     source rank, each source's rows in the order sent. Every rank must call :meth:`column` for
     the same columns in the same order.
+
+    With ``table`` (the partition the routing is for), the row counts and which of its columns
+    are plain on each rank travel in the one small ``Alltoall`` made here, and a column asked
+    for by name (``column("value")``) that is plain everywhere moves with no further control
+    message: its byte counts follow from the row counts.
     """
 
-    def __init__(self, comm, order: np.ndarray, offsets: Sequence[int]):
+    def __init__(self, comm, order: np.ndarray, offsets: Sequence[int],
+                 table: Optional[pa.Table] = None):
         self.comm = comm
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         self.order = order
         self.offsets = [int(o) for o in offsets]
+        self.table = table
         send_rows = np.diff(np.asarray(self.offsets, np.int64))
+        ncols = table.num_columns if table is not None else 0
+        self.plain_everywhere = [False] * ncols
         if self.size > 1:
-            self.recv_rows = np.zeros(self.size, np.int64)
-            comm.Alltoall(send_rows, self.recv_rows)
+            flags = np.zeros(ncols, np.int64)
+            if ncols:
+                # the test plain_values makes, without combining a chunked column
+                flags[:] = [_raw_width(c.type) is None or c.null_count > 0
+                            for c in table.columns]
+            send = np.empty((self.size, 1 + ncols), np.int64)
+            send[:, 0] = send_rows
+            send[:, 1:] = flags
+            recv = np.empty_like(send)
+            wait_all([comm.Ialltoall(send, recv)])
+            self.recv_rows = recv[:, 0].copy()
+            self.plain_everywhere = [not recv[:, 1 + c].any() and not flags[c]
+                                     for c in range(ncols)]
         else:
             self.recv_rows = send_rows
         self.num_rows = int(self.recv_rows.sum())
@@ -85,36 +134,91 @@ class RowExchange:
     def release(self) -> None:
         """Drop the routing (the row order) once the last column has been fetched."""
         self.order = None
+        self.table = None
 
     def _rows(self, d: int) -> np.ndarray:
         return self.order[self.offsets[d]:self.offsets[d + 1]]
 
     def column(self, col) -> pa.Array:
-        """Exchange one column of the partition the routing was built for (collective)."""
-        arr = _single(col)
-        if self.size == 1:
-            idx = self._rows(0)
-            if len(idx) == len(arr) and _is_identity(idx):
-                return arr
-            return arr.take(arrow_of(idx))
+        """Exchange one column of the partition the routing was built for (collective): an
+        array, or the name or index of a column of the ``table`` given at construction."""
+        with phase("pack"):
+            known = False
+            if isinstance(col, (str, int)):
+                i = col if isinstance(col, int) else self.table.schema.get_field_index(col)
+                if i < 0:  # a missing or repeated name: Arrow's own KeyError
+                    self.table.column(col)
+                known = self.size > 1 and self.plain_everywhere[i]
+                col = self.table.column(i)
+            arr = _single(col)
+            if self.size == 1:
+                idx = self._rows(0)
+                if len(idx) == len(arr) and _is_identity(idx):
+                    return arr
+                return arr.take(arrow_of(idx))
+            values = plain_values(arr)
+            if known:
+                return self._plain(arr.type, values)
+            return self._column(arr, values)
+
+    def _pack_plain(self, values: np.ndarray) -> np.ndarray:
+        """Every other destination's rows gathered, in destination order, into one buffer."""
         size, rank = self.size, self.rank
-        values = plain_values(arr)
+        n = sum(self.offsets[d + 1] - self.offsets[d] for d in range(size) if d != rank)
+        send = np.empty(n, values.dtype)
+        pos = 0
+        for d in range(size):
+            if d != rank:
+                idx = self._rows(d)
+                take_into(values, idx, send[pos:pos + len(idx)])
+                pos += len(idx)
+        return send
+
+    def _plain(self, t, values: np.ndarray) -> pa.Array:
+        """A column plain on every rank: its values are gathered into one send buffer and
+        received straight into the result column (one contiguous buffer, zero-copy into
+        Arrow); this rank's own rows are copied into their slot while the transfer runs."""
+        w = values.dtype.itemsize
+        send_rows = np.diff(np.asarray(self.offsets, np.int64))
+        send_rows[self.rank] = 0
+        recv_rows = self.recv_rows.copy()
+        recv_rows[self.rank] = 0
+        send = self._pack_plain(values)
+        _check_large_counts(np.concatenate([send_rows, recv_rows]) * w)
+        out = np.empty(self.num_rows, values.dtype)
+        row_displs = np.zeros(self.size, np.int64)
+        np.cumsum(self.recv_rows[:-1], out=row_displs[1:])
+        send_displs = np.zeros(self.size, np.int64)
+        np.cumsum(send_rows[:-1], out=send_displs[1:])
+        req = self.comm.Ialltoallv(
+            [send.view(np.uint8), (send_rows * w, send_displs * w), MPI.BYTE],
+            [out.view(np.uint8), (recv_rows * w, row_displs * w), MPI.BYTE])
+        with phase("reassemble"):
+            own = self._rows(self.rank)
+            lo = int(row_displs[self.rank])
+            take_into(values, own, out[lo:lo + len(own)])
+        wait_all([req])
+        del send
+        return from_values(t, out)
+
+    def _column(self, arr, values) -> pa.Array:
+        size, rank = self.size, self.rank
         meta = np.zeros((size, 2), np.int64)  # per destination: bytes, format
         if values is not None:
-            w = values.dtype.itemsize
             meta[:, 1] = _RAW
+        else:
+            meta[:, 1] = _IPC
+        recv_meta = np.zeros((size, 2), np.int64)
+        if values is not None:
+            w = values.dtype.itemsize
             for d in range(size):
                 if d != rank:
                     meta[d, 0] = (self.offsets[d + 1] - self.offsets[d]) * w
-            send = np.empty(int(meta[:, 0].sum()) // w, values.dtype)
-            pos = 0
-            for d in range(size):
-                if d != rank and meta[d, 0]:
-                    idx = self._rows(d)
-                    take_into(values, idx, send[pos:pos + len(idx)])
-                    pos += len(idx)
+            wait_all([self.comm.Ialltoall(meta, recv_meta)])
+            if (recv_meta[:, 1] == _RAW).all():
+                return self._plain(arr.type, values)
+            send = self._pack_plain(values)
         else:
-            meta[:, 1] = _IPC
             one = pa.schema([pa.field("c", arr.type)])
             sink = pa.BufferOutputStream()
             for d in range(size):
@@ -122,40 +226,20 @@ class RowExchange:
                 if d == rank or not len(idx):
                     continue
                 start = sink.tell()
-                _write_stream(sink, one, pa.Table.from_arrays([arr.take(arrow_of(idx))], schema=one))
+                _write_stream(sink, one, pa.Table.from_arrays([arr.take(arrow_of(idx))],
+                                                              schema=one))
                 meta[d, 0] = sink.tell() - start
             buf = sink.getvalue()
             del sink
             send = np.frombuffer(buf, np.uint8) if buf.size else np.empty(0, np.uint8)
-        recv_meta = np.zeros((size, 2), np.int64)
-        self.comm.Alltoall(meta, recv_meta)
+            wait_all([self.comm.Ialltoall(meta, recv_meta)])
         send_bytes = send.view(np.uint8) if send.size else np.empty(0, np.uint8)
-        if (recv_meta[:, 1] == _RAW).all() and values is not None:
-            return self._receive_plain(arr.type, values, send_bytes, meta, recv_meta)
-        return self._receive_mixed(arr, values, send_bytes, meta, recv_meta)
+        recv = _alltoallv(self.comm, send_bytes, meta[:, 0].copy(), recv_meta[:, 0].copy())
+        del send, send_bytes
+        with phase("reassemble"):
+            return self._assemble_mixed(arr, recv, recv_meta)
 
-    def _receive_plain(self, t, values, send, meta, recv_meta) -> pa.Array:
-        """Every source sent plain values: receive straight into the result, own rows copied
-        into their slot, so the received column is one contiguous buffer."""
-        w = values.dtype.itemsize
-        out = np.empty(self.num_rows, values.dtype)
-        row_displs = np.zeros(self.size, np.int64)
-        np.cumsum(self.recv_rows[:-1], out=row_displs[1:])
-        recv_counts = recv_meta[:, 0].copy()
-        _check_large_counts(np.concatenate([meta[:, 0], recv_counts]))
-        send_displs = np.zeros(self.size, np.int64)
-        np.cumsum(meta[:-1, 0], out=send_displs[1:])
-        self.comm.Alltoallv([send, (meta[:, 0].copy(), send_displs), MPI.BYTE],
-                            [out.view(np.uint8), (recv_counts, row_displs * w), MPI.BYTE])
-        del send
-        own = self._rows(self.rank)
-        lo = int(row_displs[self.rank])
-        take_into(values, own, out[lo:lo + len(own)])
-        return from_values(t, out)
-
-    def _receive_mixed(self, arr, values, send, meta, recv_meta) -> pa.Array:
-        recv = _alltoallv(self.comm, send, meta[:, 0].copy(), recv_meta[:, 0].copy())
-        del send
+    def _assemble_mixed(self, arr, recv, recv_meta) -> pa.Array:
         recv_buf = pa.py_buffer(recv)
         one = pa.schema([pa.field("c", arr.type)])
         parts: List[pa.Array] = []
@@ -185,8 +269,8 @@ def exchange_rows(comm, table: pa.Table, order: np.ndarray, offsets: Sequence[in
     Returns the rows this rank receives, ordered by source rank, each source's rows in the
     order sent; each column is moved separately (see :class:`RowExchange`).
     """
-    ex = RowExchange(comm, order, offsets)
-    columns = [ex.column(c) for c in table.columns]
+    ex = RowExchange(comm, order, offsets, table)
+    columns = [ex.column(i) for i in range(table.num_columns)]
     return pa.Table.from_arrays(columns, schema=table.schema)
 
 
@@ -203,8 +287,8 @@ def _alltoallv(comm, send: np.ndarray, send_counts: np.ndarray,
     recv_displs = np.zeros(size, np.int64)
     np.cumsum(recv_counts[:-1], out=recv_displs[1:])
     recv = np.empty(int(recv_counts.sum()), np.uint8)
-    comm.Alltoallv([send, (send_counts, send_displs), MPI.BYTE],
-                   [recv, (recv_counts, recv_displs), MPI.BYTE])
+    wait_all([comm.Ialltoallv([send, (send_counts, send_displs), MPI.BYTE],
+                              [recv, (recv_counts, recv_displs), MPI.BYTE])])
     return recv
 
 
@@ -235,11 +319,31 @@ def gather(comm, table: pa.Table, root: int = 0) -> Optional[pa.Table]:
 def split_by(dest: np.ndarray, parts: int):
     """Stable grouping of row indices by destination: (order, offsets) with rows for d at
     ``order[offsets[d]:offsets[d+1]]`` in their original relative order."""
-    counts = np.bincount(dest, minlength=parts)
+    with phase("split"):
+        return _split_by(dest, parts)
+
+
+def _split_by(dest: np.ndarray, parts: int):
+    it = np.int32 if len(dest) < 2**31 - 1 else np.int64  # half the memory of the routing
     offsets = np.zeros(parts + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    small = dest.astype(np.uint16 if parts <= 2**16 else np.int64, copy=False)
-    order = np.argsort(small, kind="stable")  # radix sort for 16-bit keys: O(n)
-    if len(order) < 2**31 - 1:
-        order = order.astype(np.int32)  # half the memory of the routing, kept while columns move
-    return order, offsets
+    if parts <= _SCAN_PARTS:
+        # a few ranks: scans of the 1-byte destinations, one per rank, count its rows and
+        # write them straight into its slot of the order (4x cheaper than a sort at 2 ranks;
+        # bincount would first widen the destinations to 8 bytes each)
+        masks = [dest == d for d in range(parts)]
+        np.cumsum([np.count_nonzero(m) for m in masks], out=offsets[1:])
+        order = np.empty(len(dest), it)
+        for d in range(parts):
+            if offsets[d + 1] > offsets[d]:
+                order[offsets[d]:offsets[d + 1]] = np.flatnonzero(masks[d])
+            masks[d] = None
+        return order, offsets
+    np.cumsum(np.bincount(dest, minlength=parts), out=offsets[1:])
+    small = np.uint8 if parts <= 256 else np.uint16 if parts <= 2**16 else np.int64
+    # NumPy's stable argsort of 8/16-bit keys is a counting (radix) sort: one O(n) pass per
+    # byte, so 8-bit destinations (up to 256 ranks) take half the time of 16-bit ones
+    order = np.argsort(dest.astype(small, copy=False), kind="stable")
+    return order.astype(it, copy=False), offsets
+
+
+_SCAN_PARTS = 8  # up to this many ranks, per-rank scans of the destinations beat the radix sort

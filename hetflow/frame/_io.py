@@ -121,7 +121,7 @@ def read_csv(comm, paths, **csv_options) -> DistributedTable:
             lo, hi = (rank * len(files)) // size, ((rank + 1) * len(files)) // size
             sources = files[lo:hi]
         parts = [pcsv.read_csv(src, **csv_options) for src in sources]
-        table = pa.concat_tables(parts, promote_options="permissive") if parts else None
+        table = _concat_permissive(parts) if parts else None
         if table is not None and len(parts) > 1:
             table = table.combine_chunks()
     except pa.ArrowInvalid as exc:
@@ -135,8 +135,7 @@ def read_csv(comm, paths, **csv_options) -> DistributedTable:
     if error is None:
         known = [pa.ipc.read_schema(pa.py_buffer(b)) for b in schemas if b is not None]
         try:
-            common = (pa.unify_schemas(known, promote_options="permissive") if known
-                      else pa.schema([]))
+            common = _unify_permissive(known) if known else pa.schema([])
             table = common.empty_table() if table is None else table.cast(common)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             error = SchemaMismatch(f"read_csv: the pieces' inferred column types cannot be "
@@ -214,3 +213,23 @@ def to_parquet(table: DistributedTable, directory: PathLike, *, compression: str
         error = InputError(f"to_parquet: cannot write {directory!r}: {type(exc).__name__}: {exc}")
     _check.agree(comm, [table.local.schema], error=error)
     return directory
+
+
+def _concat_permissive(parts):
+    """``concat_tables`` promoting types (int32 + int64, null + anything); pyarrow < 14 has
+    no ``promote_options`` and only its ``promote=True`` (null + anything, same-named
+    fields)."""
+    try:
+        return pa.concat_tables(parts, promote_options="permissive")
+    except TypeError:  # pyarrow < 14 (pycylon's environments pin pyarrow 9-10)
+        return pa.concat_tables(parts, promote=True)
+
+
+def _unify_permissive(schemas):
+    """``unify_schemas`` with permissive promotion; on pyarrow < 14, which cannot promote,
+    the plain unification (null fields take the other's type; differing types raise the
+    ArrowInvalid the caller turns into SchemaMismatch)."""
+    try:
+        return pa.unify_schemas(schemas, promote_options="permissive")
+    except TypeError:  # pyarrow < 14
+        return pa.unify_schemas(schemas)

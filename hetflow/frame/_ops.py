@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
 from hetflow.frame import _arrays, _backend, _check, _exchange, _hash, _localjoin, _localsort
+from hetflow.frame._phases import phase
 from hetflow.frame._table import DistributedTable
 
 log = logging.getLogger("hetflow.frame")
@@ -119,7 +120,8 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
     lt = _shuffle_local(comm, _canonical_zero(left.local, lk), lk, be)
     rt = _shuffle_local(comm, _canonical_zero(right.local, rk), rk, be)
     del left, right  # the caller still holds them; we only drop our references
-    out = _localjoin.join(lt, rt, lk, rk, how, tuple(suffixes))
+    with phase("local"):
+        out = _localjoin.join(lt, rt, lk, rk, how, tuple(suffixes))
     return DistributedTable(comm, out, backend=be if comm.Get_size() > 1 else "cpu")
 
 
@@ -144,15 +146,14 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
             dest = _hash.partition_of(xp, table, [key], size)
             order, offsets = _exchange.split_by(dest, size)
             del dest
-        routes.append(_exchange.RowExchange(comm, order, offsets))
+        routes.append(_exchange.RowExchange(comm, order, offsets, table))
         del order
     left_route, right_route = routes
-    keys = {"left": left_route.column(left.column(lkey)),
-            "right": right_route.column(right.column(rkey))}
-    li, ri = _localjoin.match(keys["left"], keys["right"], how)
-    return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
-                               lambda name: left_route.column(left.column(name)),
-                               lambda name: right_route.column(right.column(name)), keys)
+    keys = {"left": left_route.column(lkey), "right": right_route.column(rkey)}
+    with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
+        li, ri = _localjoin.match(keys["left"], keys["right"], how)
+        return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
+                                   left_route.column, right_route.column, keys)
 
 
 def _canonical_zero(table: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -229,26 +230,30 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
     size = comm.Get_size()
     xp = _backend.array_module(be)
     column = table.column(name)
-    order = _localsort.sort_order(xp, column, descending)
-    if size == 1:
-        return table.take(_arrays.arrow_of(order))
-    bounds = _sample_bounds(comm, order, _localsort.key_values(column), descending)
+    with phase("local"):
+        order = _localsort.sort_order(xp, column, descending)
+        if size == 1:
+            return table.take(_arrays.arrow_of(order))
+    with phase("sample"):
+        bounds = _sample_bounds(comm, order, _localsort.key_values(column), descending)
     # Keys first: the received runs (one per source rank, each sorted) are merged into a
     # gather order; then every column is fetched and gathered into place one at a time, so a
     # column's receive buffer is freed before the next one arrives.
-    ex = _exchange.RowExchange(comm, order, bounds)
+    ex = _exchange.RowExchange(comm, order, bounds, table)
     del order
     key_index = table.schema.get_field_index(name)
-    received = ex.column(table.column(key_index))
-    merge = _localsort.merge_order(_merge_keys(received, descending))
+    received = ex.column(key_index)
+    with phase("local"):
+        merge = _localsort.merge_order(_merge_keys(received, descending))
     columns: List[Optional[pa.Array]] = [None] * table.num_columns
     fetch = [key_index] + [i for i in range(table.num_columns) if i != key_index]
     for i in fetch:
         if i != key_index:
-            received = ex.column(table.column(i))
+            received = ex.column(i)
         if i == fetch[-1]:
             ex.release()  # every column has arrived: the routing is no longer needed
-        columns[i] = _localjoin.take(received, merge, False)
+        with phase("local"):
+            columns[i] = _localjoin.take(received, merge, False)
         del received
     return pa.Table.from_arrays(columns, schema=table.schema)
 
@@ -281,6 +286,7 @@ def _sample_bounds(comm, order: np.ndarray, column_values: np.ndarray,
     n = len(order)
     m = min(n, _samples_per_rank(size))
     pos = (np.arange(m, dtype=np.int64) * n) // m if m else np.zeros(0, np.int64)
+    _exchange.wait_all([comm.Ibarrier()])  # a slower rank's local sort is waited for asleep
     gathered = comm.allgather((key_at(order[pos]), pos))
     values = np.concatenate([g[0] for g in gathered]).astype(np.uint64)
     ranks = np.concatenate([np.full(len(g[1]), r, np.int64) for r, g in enumerate(gathered)])
@@ -467,10 +473,20 @@ class GroupBy:
         return DistributedTable(t.comm, out, backend=be if t.comm.Get_size() > 1 else "cpu")
 
 
+def _group_by(table: pa.Table, by: List[str]):
+    """``table.group_by(by)`` on one thread (a deterministic group order); pyarrow < 12 has no
+    ``use_threads`` and gives its own order, which no caller relies on (groups are
+    re-aggregated, and ``unique`` sorts the rows it keeps)."""
+    try:
+        return table.group_by(by, use_threads=False)
+    except TypeError:  # pyarrow < 12 (pycylon's environments pin pyarrow 9-10)
+        return table.group_by(by)
+
+
 def _group(table: pa.Table, by: List[str], aggs) -> pa.Table:
     """Group-by-aggregate whose result columns are ``by`` then each aggregated column's own
     name (Arrow names them ``col_func`` and has changed their position between versions)."""
-    out = table.group_by(by, use_threads=False).aggregate(aggs)
+    out = _group_by(table, by).aggregate(aggs)
     wanted = list(by) + [f"{col}_{func}" for col, func in aggs]
     return out.select(wanted).rename_columns(list(by) + [col for col, _ in aggs])
 
@@ -494,7 +510,7 @@ def unique(table: DistributedTable, subset=None, *,
         marker += "_"
     indexed = shuffled.select(names).append_column(
         marker, _arrays.arrow_of(np.arange(shuffled.num_rows, dtype=np.int64)))
-    first = indexed.group_by(names, use_threads=False).aggregate([(marker, "min")])
+    first = _group_by(indexed, names).aggregate([(marker, "min")])
     keep = np.sort(_arrays.to_numpy(first.column(f"{marker}_min")))
     out = shuffled.take(_arrays.arrow_of(keep))
     return DistributedTable(table.comm, out, backend=be if table.comm.Get_size() > 1 else "cpu")

@@ -229,26 +229,35 @@ def join(left: DistributedTable, right: DistributedTable, lk: List[str], rk: Lis
                             + [f"r{j}" for j in range(R.num_columns)]):
         raise HetflowError(f"pycylon join returned columns {got.column_names}, not the left "
                            f"then right columns this adapter expects; not using its result")
-    cols = [got.column(i) for i in range(L.num_columns)]
-    if how in ("right", "outer", "full"):
+    def layout(lcols, rcols) -> pa.Table:
+        # the CPU engine's column order (see _localjoin.assemble): for a right join the left's
+        # non-key columns then all of the right's, key under its right name; otherwise all of
+        # the left's then the right's non-key columns
+        if how == "right":
+            return _conform([lcols[i] for i in range(L.num_columns) if i not in li]
+                            + list(rcols), schema)
+        return _conform(list(lcols) + [rcols[j] for j in r_rest], schema)
+
+    lcols = [got.column(i) for i in range(L.num_columns)]
+    rcols = [got.column(L.num_columns + j) for j in range(R.num_columns)]
+    if how in ("outer", "full"):
         for i, j in zip(li, ri):  # right-only rows carry their key on the right side
-            cols[i] = pc.coalesce(cols[i], got.column(L.num_columns + j))
-    cols += [got.column(L.num_columns + j) for j in r_rest]
-    pieces = [_conform(cols, schema)]
+            lcols[i] = pc.coalesce(lcols[i], rcols[j])
+    pieces = [layout(lcols, rcols)]
     if how in ("left", "outer", "full") and L.num_rows:
         unmatched = L.filter(l_null)
         if unmatched.num_rows:
-            pieces.append(_conform([unmatched.column(i) for i in range(L.num_columns)]
-                                   + [pa.nulls(unmatched.num_rows, R.schema.field(j).type)
-                                      for j in r_rest], schema))
+            pieces.append(layout([unmatched.column(i) for i in range(L.num_columns)],
+                                 [pa.nulls(unmatched.num_rows, R.schema.field(j).type)
+                                  for j in range(R.num_columns)]))
     if how in ("right", "outer", "full") and R.num_rows:
         unmatched = R.filter(r_null)
         if unmatched.num_rows:
             key_of = dict(zip(li, ri))
-            lcols = [unmatched.column(key_of[i]) if i in key_of
-                     else pa.nulls(unmatched.num_rows, L.schema.field(i).type)
-                     for i in range(L.num_columns)]
-            pieces.append(_conform(lcols + [unmatched.column(j) for j in r_rest], schema))
+            pieces.append(layout([unmatched.column(key_of[i]) if i in key_of
+                                  else pa.nulls(unmatched.num_rows, L.schema.field(i).type)
+                                  for i in range(L.num_columns)],
+                                 [unmatched.column(j) for j in range(R.num_columns)]))
     out = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
     return DistributedTable(comm, out, backend="pycylon")
 
