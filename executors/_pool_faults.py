@@ -60,7 +60,7 @@ def settle_lost(lost: Sequence[int], busy: Mapping[int, int], tasks: Mapping[int
     ``busy``: slot -> the task it runs, for every live slot running one (lost slots
     included). ``tasks``: task -> :class:`RunningTask`. ``evidence``: slot -> how its
     rank ended ``(description, text)``, where anything recorded it (see
-    :func:`rank_death`). ``collateral``: the ranks went down with their world, or
+    :func:`rank_death`), cause first (earliest end first). ``collateral``: the ranks went down with their world, or
     were unreachable, so a task with no death evidence is re-queued (at most
     ``max_requeues`` times) rather than failed; otherwise a lost rank with no
     evidence simply "died". ``blame``: the task the pool stopped these ranks for
@@ -77,13 +77,17 @@ def settle_lost(lost: Sequence[int], busy: Mapping[int, int], tasks: Mapping[int
         if task.done or task_id == blame:
             plan.forget.append(task_id)
             continue
-        deaths: Deaths = {}
-        for rank, slot in enumerate(task.slots):
-            death = evidence.get(slot)
-            if death is None and slot in dead and not collateral:
-                death = ("died", "")
-            if death is not None:
-                deaths[rank] = death
+        # Cause first (as ``_rank.collect`` reads it): ranks with evidence in the order
+        # the evidence gives (earliest end first), then lost ranks that left none. A rank
+        # killed from outside is named although a peer that died of its loss, with no
+        # record yet, has the lower rank.
+        rank_of = {slot: rank for rank, slot in enumerate(task.slots)}
+        deaths: Deaths = {rank_of[slot]: death for slot, death in evidence.items()
+                          if slot in rank_of}
+        if not collateral:
+            for rank, slot in enumerate(task.slots):
+                if slot in dead and rank not in deaths:
+                    deaths[rank] = ("died", "")
         peers = [s for s in task.slots if busy.get(s) == task_id and s not in gone]
         plan.stop += peers
         plan.lost += peers

@@ -183,9 +183,10 @@ class Worlds:
         """How ranks ended, by slot, from their worlds' state dirs, for the slots of each task.
 
         A lost rank: its own evidence completed by its supervisor's record; a peer
-        not (yet) seen dead: its own evidence only.
+        not (yet) seen dead: its own evidence only. Cause first: ranks whose supervisor
+        recorded their end, earliest first, then the others in the order given.
         """
-        evidence, own = {}, {}
+        found, own = [], {}
         for slots in tasks_slots:
             for slot_id in slots:
                 slot = self.slots[slot_id]
@@ -195,11 +196,12 @@ class Worlds:
                 if world.id not in own:
                     own[world.id] = world.taskdir.own_deaths()
                 recorded = own[world.id].get(slot.wrank)
-                death = (rank_death(recorded, world.taskdir.load_status(slot.pid))
-                         if slot_id in lost else recorded)
+                status = world.taskdir.load_status(slot.pid) if slot_id in lost else None
+                death = rank_death(recorded, status) if slot_id in lost else recorded
                 if death is not None:
-                    evidence[slot_id] = death
-        return evidence
+                    ended_at = float((status or {}).get("at", float("inf")))
+                    found.append((ended_at, len(found), slot_id, death))
+        return {slot_id: death for _, _, slot_id, death in sorted(found)}
 
     def overdue(self, world: World, now: float, timeout: float) -> bool:
         """The world runs but has not registered all its ranks within ``timeout`` s."""

@@ -9,7 +9,8 @@ open descriptors before and after.
 Task count: 500 where a task is cheap (the pool: 500 in ~0.7 s). Executors that
 start one ``mpiexec`` per task (mpirun, Parsl's MPI mode) took ~105 s for 500 on 2
 shared cores, radical ~44 s (plus two pilot starts); every task takes the same path,
-so CI runs 100 on those. ``HETFLOW_LOAD_TASKS=500`` runs 500 everywhere;
+so CI runs 100 on those, and on slurm (a batch job per task, about 1 s each through
+the queue). ``HETFLOW_LOAD_TASKS=500`` runs 500 everywhere;
 ``HETFLOW_LOAD_TASKS=radical=500,parsl=200`` sets counts per executor. The count per
 executor is printed with its throughput.
 """
@@ -25,7 +26,7 @@ from conftest import EXECUTOR_OPTIONS, PARITY_EXECUTORS
 from hetflow._guardian import marked_processes
 
 #: Default task count per executor (see the module docstring); others run 500.
-DEFAULT_TASKS = {"mpirun": 100, "parsl": 100, "radical": 100}
+DEFAULT_TASKS = {"mpirun": 100, "parsl": 100, "radical": 100, "slurm": 100}
 
 
 def task_count(name: str) -> int:

@@ -96,3 +96,19 @@ def test_rank_death_combines_own_evidence_with_the_supervisor_s_record():
     assert rank_death(("died (Fatal Python error: Segmentation fault)", "stack"),
                       {"signal": 11}) == (
         "died (Fatal Python error: Segmentation fault), was killed by signal 11", "stack")
+
+
+def test_the_rank_that_left_evidence_is_named_before_a_peer_that_left_none():
+    # Rank 1 was killed from outside (its supervisor recorded signal 9); rank 0 died of
+    # its loss before its own supervisor had written anything: rank 1 is the cause.
+    busy = {0: 5, 2: 5}
+    plan = settle_lost([0, 2], busy, {5: RunningTask((0, 2))},
+                       {2: ("was killed by signal 9", "")})
+    assert list(plan.fail[5].items()) == [(1, ("was killed by signal 9", "")), (0, ("died", ""))]
+
+
+def test_evidence_order_is_kept_cause_first():
+    busy = {0: 5, 1: 5, 2: 5}
+    evidence = {2: ("was killed by signal 9", ""), 0: ("exited with code 1", "")}
+    plan = settle_lost([0, 1, 2], busy, {5: RunningTask((0, 1, 2))}, evidence)
+    assert list(plan.fail[5]) == [2, 0, 1]
