@@ -61,9 +61,9 @@ def settle_lost(lost: Sequence[int], busy: Mapping[int, int], tasks: Mapping[int
     included). ``tasks``: task -> :class:`RunningTask`. ``evidence``: slot -> how its
     rank ended ``(description, text)``, where anything recorded it (see
     :func:`rank_death`), cause first (earliest end first). ``collateral``: the ranks
-    went down with their world, or were unreachable, so a task with no death evidence is re-queued (at most
-    ``max_requeues`` times) rather than failed; otherwise a lost rank with no
-    evidence simply "died". ``blame``: the task the pool stopped these ranks for
+    went down with their world, or were unreachable, so a task with no death evidence
+    is re-queued (at most ``max_requeues`` times) rather than failed; otherwise a lost
+    rank with no evidence simply "died". ``blame``: the task the pool stopped these ranks for
     (its result is decided elsewhere: it is only forgotten).
     """
     plan = Settlement(lost=list(dict.fromkeys(lost)))
