@@ -33,6 +33,7 @@ import json
 import os
 import pickle
 import secrets
+import struct
 from typing import List, Optional, Sequence, Tuple
 
 REGISTER = b"R"
@@ -49,6 +50,9 @@ CONTROL_SUFFIX = b".c"
 #: Payloads and values at least this big travel zero-copy (below it copying is cheaper).
 ZERO_COPY_BYTES = 65536
 
+
+#: Messages up to this size are signed in one call (their parts joined, a copy).
+ONE_SHOT_BYTES = 65536
 
 #: Names the key file for the ranks (a path, never the key); "" when authentication is off.
 KEY_ENV = "HETFLOW_POOL_KEYFILE"
@@ -82,11 +86,15 @@ class Signer:
         """HMAC-SHA256 over the direction, then each part's length, then the parts."""
         if self._keyed is None:
             return b""
-        mac = self._keyed.copy()
         parts = (identity, *frames)
+        sizes = [len(p) if type(p) is bytes else memoryview(p).nbytes for p in parts]
         # The lengths first: the same bytes cut into other frames sign differently.
-        mac.update(direction + b"".join(memoryview(p).nbytes.to_bytes(8, "little")
-                                        for p in parts))
+        head = direction + struct.pack(f"<{len(sizes)}Q", *sizes)
+        if sum(sizes) <= ONE_SHOT_BYTES:
+            # One call into OpenSSL: half the time of an incremental MAC for a small message.
+            return hmac.digest(self.key, head + b"".join(parts), "sha256")
+        mac = self._keyed.copy()          # big message: no copy of its parts
+        mac.update(head)
         for part in parts:
             mac.update(part)
         return mac.digest()
