@@ -138,3 +138,31 @@ def test_radical_started_by_the_batch_system():
     _gone(job)
     # PSI/J (RP's job submitter) leaves the job's script and output in ~/.psij: removed.
     assert not os.path.exists(os.path.expanduser(f"~/.psij/work/slurm/{job}.out"))
+
+
+def test_pilot_slurm_requests_are_checked():
+    from hetflow.executors.parsl_htex import ParslMPIExecutor
+    from hetflow.executors.radical import RadicalExecutor
+
+    with pytest.raises(hetflow.ConfigError, match="unknown Slurm request key"):
+        ParslMPIExecutor(slurm={"nodes": 2, "gpus": 1})
+    with pytest.raises(hetflow.ConfigError, match="minutes or 'HH:MM:SS'"):
+        ParslMPIExecutor(slurm={"nodes": 2, "time": "1-00"})
+    with pytest.raises(hetflow.ConfigError, match="not both"):
+        RadicalExecutor(slurm={"nodes": 2}, resource="site.slurm", config_dir="/")
+    with pytest.raises(hetflow.ConfigError, match="no extra sbatch args"):
+        RadicalExecutor(slurm={"nodes": 2, "args": ["--exclusive"]})
+    assert RadicalExecutor(slurm={"nodes": 2}).max_ranks == 4     # the nodes' CPUs (sinfo)
+
+
+def test_parsl_ranks_packed_by_node():
+    # Parsl's prefix lists one entry per core slot; Hydra would deal the ranks round robin.
+    from hetflow.executors._parsl_worker import pack_hosts
+
+    prefix = "mpiexec -n 4 -ppn 1 -hosts n1,n1,n2,n2".split()
+    assert pack_hosts(prefix) == "mpiexec -n 4 -hosts n1:2,n2:2".split()
+    # 2 ranks x 2 cores: a rank per node, on the first entry of its slots.
+    assert pack_hosts("mpiexec -n 2 -ppn 1 -hosts n1,n1,n2,n2".split(), 2) == \
+        "mpiexec -n 2 -hosts n1:1,n2:1".split()
+    one_host = "mpiexec -n 2 -ppn 1 -hosts localhost,localhost".split()
+    assert pack_hosts(one_host) == one_host
