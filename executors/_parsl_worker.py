@@ -35,9 +35,10 @@ RANK_TMPDIR = "HETFLOW_RANK_TMPDIR"
 POLL_S = 0.05
 
 
-def launch_command(prefix: str, python: Optional[str]) -> List[str]:
-    """``$PARSL_MPI_PREFIX python -m hetflow.executors._rank``, with a resolvable launcher."""
-    command = shlex.split(prefix)
+def launch_command(prefix: str, python: Optional[str], cores_per_rank: int = 1) -> List[str]:
+    """``$PARSL_MPI_PREFIX python -m hetflow.executors._rank``, with a resolvable launcher
+    and the ranks packed node by node (see :func:`pack_hosts`)."""
+    command = pack_hosts(shlex.split(prefix), cores_per_rank)
     if not command:
         raise LaunchError("PARSL_MPI_PREFIX is empty: is the executor in MPI mode?")
     # Parsl writes a bare "mpiexec"; prefer the one beside this interpreter (the mpich
@@ -50,6 +51,32 @@ def launch_command(prefix: str, python: Optional[str]) -> List[str]:
         raise LaunchError(f"MPI launcher {command[0]!r} from PARSL_MPI_PREFIX is not on PATH",
                           command=command)
     return command + [python or sys.executable, "-m", "hetflow.executors._rank"]
+
+
+def pack_hosts(command: List[str], cores_per_rank: int = 1) -> List[str]:
+    """Parsl's ``mpiexec -n R -ppn 1 -hosts n1,n1,n2,n2`` (one entry per core slot) as
+    ``mpiexec -n R -hosts n1:2,n2:2``: Hydra merges repeated hosts and deals the ranks
+    round robin (n1, n2, n1, n2); a task that fits on one node must run on one node,
+    its rank 0 on the first. Rank ``i`` takes the first of its ``cores_per_rank``
+    entries. A list with a single host, or another launcher, is left as it is."""
+    try:
+        at = command.index("-hosts")
+        ranks = int(command[command.index("-n") + 1])
+    except (ValueError, IndexError):
+        return command
+    entries = command[at + 1].split(",")
+    if len(set(entries)) < 2 or len(entries) < ranks * cores_per_rank:
+        return command
+    counts: dict = {}
+    for i in range(ranks):
+        node = entries[i * cores_per_rank]
+        counts[node] = counts.get(node, 0) + 1
+    packed = command[:at + 1] + [",".join(f"{n}:{c}" for n, c in counts.items())] \
+        + command[at + 2:]
+    if "-ppn" in packed:
+        ppn = packed.index("-ppn")
+        del packed[ppn:ppn + 2]
+    return packed
 
 
 def _rank_env(launcher: str) -> dict:
@@ -81,7 +108,8 @@ def run_mpi_task(payload: bytes, resources: dict, sys_path: List[str], taskdir: 
         report["status"] = "stopped"
         return report
     try:
-        command = launch_command(os.environ.get("PARSL_MPI_PREFIX", ""), python)
+        command = launch_command(os.environ.get("PARSL_MPI_PREFIX", ""), python,
+                                 resources.get("cores_per_rank") or 1)
     except LaunchError as exc:
         report.update(status="launch_error", error=str(exc), command=exc.command)
         return report

@@ -101,6 +101,25 @@ def srun_prefix(launcher: List[str]) -> List[str]:
     return [launcher[0], *extra, *launcher[1:]]
 
 
+REQUEST_KEYS = ("nodes", "ntasks", "partition", "time", "args")
+
+
+def check_request(request: dict) -> dict:
+    """A pilot's Slurm request (``slurm=`` of a runtime) with its keys checked; a copy."""
+    unknown = set(request) - set(REQUEST_KEYS)
+    if unknown:
+        from hetflow.errors import ConfigError
+        raise ConfigError(f"unknown Slurm request key(s) {sorted(unknown)}; known: "
+                          f"{', '.join(REQUEST_KEYS)}")
+    return dict(request)
+
+
+def request_slots(request: dict) -> int:
+    """Rank slots a request asks for: ``ntasks``, else its nodes' CPUs (``sinfo``)."""
+    return request.get("ntasks") or (
+        request.get("nodes", 1) * partition_cpus_per_node(request.get("partition")))
+
+
 class BatchAllocation:
     """An allocation a pilot asks the batch system for itself, as a user on a login node
     would (``salloc --no-shell``), and gives back at shutdown (``scancel``).
@@ -111,12 +130,7 @@ class BatchAllocation:
     """
 
     def __init__(self, request: dict):
-        unknown = set(request) - {"nodes", "ntasks", "partition", "time", "args"}
-        if unknown:
-            from hetflow.errors import ConfigError
-            raise ConfigError(f"unknown Slurm request key(s) {sorted(unknown)}; known: nodes, "
-                              f"ntasks, partition, time, args")
-        self.request = dict(request)
+        self.request = check_request(request)
         self.job_id: Optional[str] = None
 
     def submit(self, name: str, timeout: Optional[float] = None) -> str:
@@ -159,3 +173,29 @@ def partition_cpus_per_node(partition: Optional[str] = None) -> int:
         return min(int(c.rstrip("+")) for c in out) if out else 1
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return 1
+
+
+def write_nodefile(path: str, count: int, environ=None) -> List[str]:
+    """Write ``count`` slot lines (one node name each, node-packed, see
+    :meth:`Allocation.slots`) for the allocation this process runs in; the lines.
+
+    Run inside a batch job whose nodes the client cannot know in advance (a Parsl
+    block submitted by ``SlurmProvider``): ``python -m hetflow.executors.allocation
+    nodefile PATH COUNT``.
+    """
+    found = current(environ)
+    if found is None:
+        raise RuntimeError("not inside a Slurm allocation (no $SLURM_JOB_ID / node list)")
+    lines = found.slots(count)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(f"{node}\n" for node in lines))
+    return lines
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 4 or sys.argv[1] != "nodefile":
+        sys.exit("usage: python -m hetflow.executors.allocation nodefile PATH COUNT")
+    write_nodefile(sys.argv[2], int(sys.argv[3]))

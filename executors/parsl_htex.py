@@ -22,12 +22,21 @@ so each line is one core slot and tasks of different sizes run side by side.
 Inside a Slurm allocation the lines name the allocation's nodes, once per CPU,
 node-packed in Slurm's order (``max_ranks`` defaults to its CPUs), and the worker
 pool is told to read that file rather than ``$SLURM_NODELIST``.
+
+Started by the batch system (``slurm={"nodes": 2, ...}``): the block is a Slurm
+job submitted by Parsl's ``SlurmProvider`` (``sbatch``; its queue wait is the
+first task's wait), the worker pool runs in the job's first node and writes the
+node file from the job's own environment before it starts (the client cannot know
+the nodes in advance); launches are then Hydra's (``mpiexec -hosts <the job's
+nodes>``, proxies started with ``srun``), never a bare ``srun`` without ``--mpi``.
+HTEX's scale-in at shutdown cancels the job.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -39,7 +48,7 @@ from typing import Dict, Optional
 from parsl.executors.high_throughput.executor import DEFAULT_LAUNCH_CMD
 from parsl.executors.high_throughput.mpi_executor import MPIExecutor
 from parsl.launchers import SimpleLauncher
-from parsl.providers import LocalProvider
+from parsl.providers import LocalProvider, SlurmProvider
 
 from hetflow._guardian import start_ticks
 from hetflow import errors
@@ -109,6 +118,14 @@ class ParslMPIExecutor(Executor, MPIExecutor):
     shell run before the worker pool starts; ``keep_task_dirs`` keeps the task dirs
     of successful tasks too.
 
+    ``slurm``: start the worker pool as a batch user would from a login node, as a
+    Slurm job of Parsl's ``SlurmProvider`` (``{"nodes": 2, "ntasks": 4, "partition":
+    ..., "time": "30", "args": [more sbatch options]}``, as the pool's); ``max_ranks``
+    defaults to ``ntasks``, else the nodes' CPUs; ``time`` (Slurm's format) defaults to
+    60 minutes, after which Slurm ends the block (Parsl starts another). ``address``:
+    the client's interface the worker pool connects back to (loopback by default: the
+    test cluster's nodes are this host).
+
     ``encrypted`` (default True): HTEX's sockets (interchange <-> client, interchange
     <-> worker pool) use CurveZMQ with Parsl's per-run certificates, checked by a ZAP
     handler that admits only the run's own client key, so no other process can submit
@@ -127,20 +144,29 @@ class ParslMPIExecutor(Executor, MPIExecutor):
     def __init__(self, label: str = "parsl", *, max_ranks: Optional[int] = None,
                  gpus: Optional[int] = None, python: Optional[str] = None,
                  heartbeat_period: int = 2, heartbeat_threshold: int = 8,
-                 keep_task_dirs: bool = False, worker_init: str = "", encrypted: bool = True):
+                 keep_task_dirs: bool = False, worker_init: str = "", encrypted: bool = True,
+                 slurm: Optional[dict] = None, address: str = "127.0.0.1"):
         if heartbeat_threshold <= heartbeat_period:
             raise ConfigError(f"heartbeat_threshold ({heartbeat_threshold}) must exceed "
                               f"heartbeat_period ({heartbeat_period})")
-        provider = _PrivateLocalProvider(launcher=SimpleLauncher(), init_blocks=1, min_blocks=1,
-                                 max_blocks=1, nodes_per_block=1, worker_init=worker_init)
-        # Inside a batch allocation, its CPUs are the slots (and its nodes the node list).
-        self.allocation = allocation.current()
-        if max_ranks is None and self.allocation is not None:
-            max_ranks = self.allocation.total_cpus
+        self.slurm = None if slurm is None else allocation.check_request(slurm)
+        if self.slurm is not None:   # a pilot started by the batch system: a Slurm block
+            self.allocation = None   # (its nodes are known inside the job only)
+            if max_ranks is None:
+                max_ranks = allocation.request_slots(self.slurm)
+            provider = _slurm_provider(self.slurm, _worker_count(max_ranks))
+        else:
+            provider = _PrivateLocalProvider(launcher=SimpleLauncher(), init_blocks=1,
+                                             min_blocks=1, max_blocks=1, nodes_per_block=1,
+                                             worker_init=worker_init)
+            # Inside a batch allocation, its CPUs are the slots (and its nodes the node list).
+            self.allocation = allocation.current()
+            if max_ranks is None and self.allocation is not None:
+                max_ranks = self.allocation.total_cpus
         super().__init__(
             label, max_ranks=max_ranks, gpus=gpus,
             # From here on, MPIExecutor's options (the kernel passes them on).
-            provider=provider, address="127.0.0.1", **_parsl_commands(),
+            provider=provider, address=address, **_parsl_commands(),
             max_workers_per_block=_worker_count(
                 (os.cpu_count() or 1) if max_ranks is None else max_ranks),
             mpi_launcher="mpiexec", heartbeat_period=heartbeat_period,
@@ -161,17 +187,24 @@ class ParslMPIExecutor(Executor, MPIExecutor):
     def _start_runtime(self) -> None:
         """Write the node file, point the worker pool at it, then start HTEX."""
         self.nodefile = os.path.join(self.run_root, "nodefile")
-        with open(self.nodefile, "w") as fh:
-            if self.allocation is not None:   # Hydra given "localhost" there hangs
-                fh.write("".join(f"{node}\n" for node in self.allocation.slots(self.max_ranks)))
-            else:
-                fh.write("localhost\n" * self.max_ranks)
         bindir = os.path.dirname(os.path.abspath(self.python or sys.executable))
+        write_nodefile = ""
+        if self.slurm is not None:        # inside the block's job, from its environment
+            write_nodefile = (f"{shlex.quote(sys.executable)} -m hetflow.executors.allocation "
+                              f"nodefile {shlex.quote(self.nodefile)} {self.max_ranks}")
+        else:
+            with open(self.nodefile, "w") as fh:
+                if self.allocation is not None:   # Hydra given "localhost" there hangs
+                    fh.write("".join(f"{node}\n"
+                                     for node in self.allocation.slots(self.max_ranks)))
+                else:
+                    fh.write("localhost\n" * self.max_ranks)
         # The worker pool's multiprocessing Manager makes a 'pymp-*' dir in TMPDIR that
         # nobody removes when the pool is killed at shutdown: give the pool a TMPDIR of
         # its own, removed in _stop_runtime (the ranks get the client's back).
         self.worker_tmp = _short_private_dir(self.run_root)
         self.provider.worker_init = "\n".join(filter(None, [
+            write_nodefile,
             f"export PBS_NODEFILE={self.nodefile}",
             # Parsl's MPI mode reads $SLURM_NODELIST before $PBS_NODEFILE: inside an
             # allocation that would give it one entry per node, not one per slot.
@@ -313,6 +346,38 @@ class _PrivateLocalProvider(LocalProvider):
     def submit(self, command, tasks_per_node, job_name="parsl.localprovider"):
         with private_umask():
             return super().submit(command, tasks_per_node, job_name)
+
+
+class _PrivateSlurmProvider(SlurmProvider):
+    """Parsl's SlurmProvider whose submit scripts and job output are owner-only."""
+
+    def submit(self, command, tasks_per_node, job_name="parsl.slurm"):
+        with private_umask():
+            return super().submit(command, tasks_per_node, job_name)
+
+
+def _hours_minutes_seconds(limit) -> str:
+    """A Slurm time limit in minutes (``30``, ``"30"``) or ``"HH:MM:SS"``, as the
+    ``HH:MM:SS`` SlurmProvider takes."""
+    text = str(limit).strip()
+    if text.isdigit():
+        return f"{int(text) // 60:02d}:{int(text) % 60:02d}:00"
+    if len(text.split(":")) == 3 and all(p.isdigit() for p in text.split(":")):
+        return text
+    raise ConfigError(f"slurm time must be minutes or 'HH:MM:SS' for parsl, got {limit!r}")
+
+
+def _slurm_provider(request: dict, slots: int) -> SlurmProvider:
+    """One block, the Slurm job ``request`` asks for (see ``ParslMPIExecutor``): ``slots``
+    CPUs over its nodes (``--cpus-per-task`` of the one task per node Parsl asks for)."""
+    nodes = int(request.get("nodes") or 1)
+    options = "".join(f"#SBATCH {arg}\n" for arg in request.get("args", ()))
+    return _PrivateSlurmProvider(
+        partition=request.get("partition"), nodes_per_block=nodes,
+        cores_per_node=-(-slots // nodes), exclusive=False,
+        walltime=_hours_minutes_seconds(request.get("time", 60)),
+        init_blocks=1, min_blocks=1, max_blocks=1, launcher=SimpleLauncher(),
+        scheduler_options=options)
 
 
 @dataclasses.dataclass

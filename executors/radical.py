@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -44,6 +45,7 @@ import psutil
 from hetflow._progress import waiting
 from hetflow._private import tighten
 from hetflow.errors import ConfigError, ExecutorBroken, LaunchError
+from hetflow.executors import allocation as batch
 from hetflow.executors._rank import TaskPayload
 from hetflow.executors._rp_hygiene import (end_leftovers, import_rp, release_client_handles,
                                            restore_environment, rp_zmq_objects,
@@ -54,13 +56,15 @@ from hetflow.executors.taskdir import Deaths, TaskDir, private_dir
 from hetflow.executors.watch import EVIDENCE_GRACE_S, PEER_GRACE_S, POLL_S
 from hetflow.spec import Resources
 
-__all__ = ["LOCAL_RESOURCE", "MODES", "RadicalExecutor", "local_resource_config",
-           "session_processes"]
+__all__ = ["LOCAL_RESOURCE", "MODES", "RadicalExecutor", "SLURM_RESOURCE",
+           "local_resource_config", "session_processes", "slurm_resource_config"]
 
 logger = logging.getLogger(__name__)
 
 #: Resource label of hetflow's own config for this machine (resource_hetflow.json).
 LOCAL_RESOURCE = "hetflow.local"
+#: Resource label of hetflow's config for a pilot that is a Slurm job (``slurm=``).
+SLURM_RESOURCE = "hetflow.slurm"
 MODES = ("auto", "raptor", "exec")
 _FINAL = ("DONE", "FAILED", "CANCELED")
 _WORKER_LOST = "the RAPTOR MPI worker running this task was lost"
@@ -85,17 +89,40 @@ class RadicalExecutor(Executor):
     sandbox_dir: where sessions, sandboxes and logs go (default: inside the runtime's
     run dir); removed at shutdown unless ``keep_sandbox``.
     mode: "auto" (RAPTOR; walltime tasks as executable tasks), "raptor" or "exec".
+    slurm: the pilot is a Slurm job, submitted from here as a user on a login node
+    would (``{"nodes": 2, "ntasks": 4, "partition": ..., "time": "30"}``, minutes; see
+    :func:`slurm_resource_config`); ``max_ranks`` defaults to ``ntasks``, else the
+    nodes' CPUs. ``startup_timeout`` then includes the job's queue wait.
+
+    Inside a Slurm allocation (``salloc``/``sbatch``) the default pilot spans the
+    allocation's nodes (see :func:`local_resource_config`).
     """
 
     def __init__(self, label: str = "radical", *, max_ranks: Optional[int] = None,
                  resource: Optional[str] = None, config_dir: Optional[str] = None,
                  pilot: Optional[dict] = None, sandbox_dir: Optional[str] = None,
                  keep_sandbox: bool = False, mode: str = "auto",
-                 startup_timeout: float = 300.0, gpus: Optional[int] = None):
+                 startup_timeout: float = 300.0, gpus: Optional[int] = None,
+                 slurm: Optional[dict] = None):
+        self.slurm = None
+        #: The pilot's Slurm job id (with ``slurm=``, once the pilot is active).
+        self.slurm_job_id: Optional[str] = None
+        if slurm is not None:     # a pilot started by the batch system
+            if resource is not None or config_dir is not None:
+                raise ConfigError("give slurm= (hetflow's Slurm resource config) or "
+                                  "resource=/config_dir=, not both")
+            self.slurm = batch.check_request(slurm)
+            if self.slurm.get("args"):
+                raise ConfigError("radical's pilot job takes nodes, ntasks, partition and "
+                                  "time (RP writes the job script: no extra sbatch args)")
+            if max_ranks is None:
+                max_ranks = batch.request_slots(self.slurm)
+            resource = SLURM_RESOURCE
         super().__init__(label, max_ranks=max_ranks, gpus=gpus)
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
-        if (resource is None) != (config_dir is None) and resource not in (None, LOCAL_RESOURCE):
+        if (resource is None) != (config_dir is None) and resource not in (
+                None, LOCAL_RESOURCE, SLURM_RESOURCE):
             raise ConfigError("an HPC resource needs both resource= (its label, e.g. "
                               "'mysite.slurm') and config_dir= (folder with resource_mysite.json)")
         if config_dir is not None and not os.path.isdir(config_dir):
@@ -104,6 +131,9 @@ class RadicalExecutor(Executor):
             raise ConfigError(f"startup_timeout must be > 0 seconds, got {startup_timeout!r}")
         self.resource = resource or LOCAL_RESOURCE
         self.config_dir = config_dir
+        #: The Slurm allocation hetflow runs in (None outside one): the local pilot
+        #: then spans its nodes (see local_resource_config).
+        self.allocation = batch.current() if self.resource == LOCAL_RESOURCE else None
         self.pilot_options = dict(pilot or {})
         self.sandbox_dir = sandbox_dir
         self.keep_sandbox = keep_sandbox
@@ -119,6 +149,7 @@ class RadicalExecutor(Executor):
         self._rp_before: set = set()
         self._watchdog: Optional[threading.Thread] = None
         self._worker_root: Optional[int] = None    # pid of the RAPTOR worker's mpiexec
+        self._worker_uid = ""                       # its RP uid (names its hostfile)
 
     # ------------------------------------------------------------------ the pilot's life
     def _start_runtime(self) -> None:
@@ -146,15 +177,23 @@ class RadicalExecutor(Executor):
             for name in os.listdir(self.config_dir):
                 if name.startswith("resource_") and name.endswith(".json"):
                     shutil.copy(os.path.join(self.config_dir, name), configs)
-        if self.resource == LOCAL_RESOURCE:
+        if self.resource in (LOCAL_RESOURCE, SLURM_RESOURCE):
+            config = local_resource_config(self.pilot_cores(), self.allocation)
+            if self.slurm is not None:
+                config.update(slurm_resource_config(
+                    self._slurm_cpus_per_node(), self.pilot_cores(), self.slurm,
+                    os.path.join(self.base, "tmp")))
             with open(os.path.join(configs, "resource_hetflow.json"), "w") as fh:
-                json.dump(local_resource_config(self.pilot_cores()), fh, indent=1)
+                json.dump(config, fh, indent=1)
         env = {"RADICAL_CONFIG_USER_DIR": config_root,
                "RADICAL_PILOT_BASE": os.path.join(self.base, "sessions"),
                "RADICAL_BASE": os.path.join(self.base, "radical"),
                "RADICAL_REPORT": "FALSE",
+               # The local pilot's agent runs here; a Slurm job's on a node that must
+               # reach the client (loopback on the test cluster, whose nodes are this host).
                "RADICAL_DEFAULT_IFACE": "lo" if self.resource == LOCAL_RESOURCE
-               else os.environ.get("RADICAL_DEFAULT_IFACE", ""),
+               else os.environ.get("RADICAL_DEFAULT_IFACE",
+                                   "lo" if self.resource == SLURM_RESOURCE else ""),
                "RADICAL_LOG_LVL": os.environ.get("RADICAL_LOG_LVL", "WARNING"),
                # RP leaves temp files behind (the pilot launcher's 'rp.agent_cfg.*', the
                # agent's '<TMPDIR>/rp.session.*'): its processes get a TMPDIR inside the
@@ -163,6 +202,11 @@ class RadicalExecutor(Executor):
                # RP starts its bridges by command name: the venv's bin must be on PATH.
                "PATH": os.pathsep.join([os.path.dirname(sys.executable),
                                         os.environ.get("PATH", "")])}
+        if self.allocation is not None:
+            # Hydra starts its proxies as Slurm steps, and a step takes its nodes' CPUs:
+            # the worker's step would hold them and every later one (an executable task,
+            # a replacement worker) wait for them. hetflow places within max_ranks itself.
+            env["SLURM_OVERLAP"] = "1"
         os.makedirs(env["TMPDIR"], exist_ok=True)
         # The client's own temp dir is fixed before TMPDIR changes (tempfile caches it).
         self.rank_env = {"TMPDIR": tempfile.gettempdir()}
@@ -170,12 +214,24 @@ class RadicalExecutor(Executor):
         os.makedirs(env["RADICAL_PILOT_BASE"], exist_ok=True)
 
     def pilot_cores(self) -> int:
-        """Cores the local pilot claims: worker + master + room for executable tasks.
+        """Cores the local pilot claims per node: worker + master + room for executable
+        tasks.
 
         The kernel's scheduler keeps real use within ``max_ranks``; the pilot only
-        needs enough (fake) cores that RP never blocks a task hetflow admitted.
+        needs enough (fake) cores that RP never blocks a task hetflow admitted. Inside
+        an allocation that is per node: the worker places its ranks node by node
+        (``ranks_per_node``, the allocation's CPUs per node), the rest is room.
         """
+        if self.allocation is not None:
+            return 1 + max(self.allocation.cpus) + self.max_ranks
+        if self.slurm is not None:
+            return 1 + self._slurm_cpus_per_node() + self.max_ranks
         return 2 * self.max_ranks + 1
+
+    def _slurm_cpus_per_node(self) -> int:
+        """Rank slots per node of the pilot job (its worker's ``ranks_per_node``)."""
+        nodes = int(self.slurm.get("nodes") or 1)
+        return -(-self.max_ranks // nodes)
 
     def _start_pilot(self) -> None:
         rp = import_rp()
@@ -189,7 +245,16 @@ class RadicalExecutor(Executor):
         self._tmgr.register_callback(self._state_cb)
         description = {"resource": self.resource, "runtime": 24 * 60,
                        "sandbox": os.path.join(self.base, "sandbox")}
-        if self.resource == LOCAL_RESOURCE:
+        if self.allocation is not None:     # every node of the allocation, fully
+            description["nodes"] = len(self.allocation.nodes)
+            description["cores"] = len(self.allocation.nodes) * self.pilot_cores()
+        elif self.slurm is not None:        # the job: its nodes, its time limit
+            nodes = int(self.slurm.get("nodes") or 1)
+            description.update(nodes=nodes, cores=nodes * self._slurm_cpus_per_node(),
+                               runtime=_minutes(self.slurm.get("time", 60)))
+            if self.slurm.get("partition"):
+                description["queue"] = self.slurm["partition"]
+        elif self.resource == LOCAL_RESOURCE:
             description["cores"] = self.pilot_cores()
         description.update(self.pilot_options)
         t0 = time.time()
@@ -202,6 +267,8 @@ class RadicalExecutor(Executor):
                               f"{time.time() - t0:.0f} s (startup_timeout={self.startup_timeout})",
                               logs=[os.path.join(self.base, "sandbox")])
         self._pilot = pilot
+        if self.slurm is not None:
+            self.slurm_job_id = _job_running_in(description["sandbox"])
         # RP's bootstrap chmods its scripts 0755 (all else it makes is owner-only: it runs
         # with the runtime's umask 077, see hetflow._private): hetflow keeps them private.
         tighten(description["sandbox"])
@@ -216,12 +283,19 @@ class RadicalExecutor(Executor):
     def _start_worker(self) -> None:
         rp = import_rp()
 
-        self._raptor.submit_workers(rp.TaskDescription(
+        placement = {}
+        if self.allocation is not None or self.slurm is not None:
+            # Node-packed like the allocation: a task's ranks (the worker's lowest ranks
+            # first) share a node when they fit on one.
+            placement["ranks_per_node"] = (max(self.allocation.cpus) if self.allocation
+                                           else self._slurm_cpus_per_node())
+        self._worker_uid = self._raptor.submit_workers(rp.TaskDescription(
             {"mode": rp.RAPTOR_WORKER, "ranks": self.max_ranks, "raptor_class": "MPIWorker",
+             **placement,
              "environment": dict(self.rank_env),
              # A rank killed from outside leaves no evidence of its own; RP's launch script
              # has its status ($RP_RET, after `wait` on $RP_RANK_PID, the rank's pid).
-             "post_exec": [f"echo $RP_RET > {self.status_dir}/exit-$RP_RANK_PID"]}))
+             "post_exec": [f"echo $RP_RET > {self.status_dir}/exit-$RP_RANK_PID"]}))[0].uid
 
     def _probe(self) -> None:
         """Run one no-op task on the whole worker: it is up, and its mpiexec is known."""
@@ -237,8 +311,17 @@ class RadicalExecutor(Executor):
             raise LaunchError(f"RAPTOR MPI worker of {self.max_ranks} ranks did not run a task "
                               f"(state {rp_task.state}): {rp_task.stderr}",
                               logs=[os.path.join(self.base, "sandbox")])
-        self._worker_root = _launcher_of(taskdir.pids())
+        self._worker_root = self._worker_launcher(taskdir.pids())
         taskdir.remove()
+
+    def _worker_launcher(self, pids: Dict[int, int]) -> Optional[int]:
+        """The pid of the RAPTOR worker's ``mpiexec``: an ancestor of its ranks, or (inside
+        Slurm, where Hydra starts the ranks under ``srun``/``slurmstepd``, not under itself)
+        the ``mpiexec`` given the worker's hostfile (RP names it after the worker's uid)."""
+        found = _launcher_of(pids)
+        if found is None and self._worker_uid:
+            found = _launcher_named(f"/{self._worker_uid}.hf")
+        return found
 
     def _stop_runtime(self) -> None:
         if self._watchdog is not None:
@@ -249,8 +332,9 @@ class RadicalExecutor(Executor):
 
     def _close_session(self) -> None:
         t0 = time.time()
-        if self._worker_root is not None:
-            kill_tree(self._worker_root)   # don't wait for RP to wind the worker down
+        root = self._worker_root or (self._worker_launcher({}) if self._session else None)
+        if root is not None:
+            kill_tree(root)   # don't wait for RP to wind the worker down
         if self._session is not None:
             try:
                 self._pmgr.cancel_pilots()
@@ -263,6 +347,8 @@ class RadicalExecutor(Executor):
             self._session = None
             release_client_handles(self.base, self._rp_before)
         end_leftovers(self.base)
+        if self.slurm is not None:
+            _remove_psij_files(os.path.join(self.base, "sandbox"), self.slurm_job_id)
         restore_environment(self._saved_env)
         self.timings["close_s"] = time.time() - t0
 
@@ -457,7 +543,8 @@ class RadicalExecutor(Executor):
                 self._running.pop(t.handle.uid, None)
         deaths = self._deaths(task) if task.error is None else None
         root = next(filter(None, (_launcher_of(t.handle.taskdir.pids())
-                                  for t in [task] + neighbours)), self._worker_root)
+                                  for t in [task] + neighbours)), self._worker_root) \
+            or self._worker_launcher({})
         if root is not None:
             kill_tree(root)
         self._worker_root = None
@@ -523,6 +610,17 @@ def _launcher_of(pids: Dict[int, int]) -> Optional[int]:
     return None
 
 
+def _launcher_named(marker: str) -> Optional[int]:
+    """The pid of an ``mpiexec`` whose command line mentions ``marker``."""
+    for proc in psutil.process_iter():
+        try:
+            if proc.name().startswith("mpiexec") and any(marker in a for a in proc.cmdline()):
+                return proc.pid
+        except (psutil.Error, OSError):    # it ended meanwhile
+            continue
+    return None
+
+
 def kill_tree_of(taskdir: str) -> None:
     """SIGKILL the ranks of an executable task (their command line ends in ``taskdir``)."""
     for proc in psutil.process_iter():
@@ -533,12 +631,65 @@ def kill_tree_of(taskdir: str) -> None:
             pass
 
 
-def local_resource_config(cores: int) -> dict:
-    """hetflow's ``local`` resource: this machine, ``cores`` slots, the venv's MPI."""
+def _minutes(limit) -> int:
+    """A Slurm time limit in minutes (``30``) or ``"HH:MM:SS"``, in whole minutes."""
+    text = str(limit).strip()
+    parts = text.split(":")
+    if not all(p.isdigit() for p in parts) or len(parts) not in (1, 3):
+        raise ConfigError(f"slurm time must be minutes or 'HH:MM:SS' for radical, got {limit!r}")
+    if len(parts) == 1:
+        return int(text)
+    return max(1, int(parts[0]) * 60 + int(parts[1]) + (int(parts[2]) > 0))
+
+
+def slurm_resource_config(cpus: int, cores: int, request: dict, tmpdir: str) -> dict:
+    """hetflow's ``slurm`` resource: the pilot is a Slurm job (RP submits it with
+    ``sbatch`` through PSI/J) asking for ``cpus`` per node, its agent runs in the job,
+    its nodes are the job's (RP's ``SLURM`` resource manager), and Hydra starts the
+    ranks on them with ``srun`` steps that overlap (as inside an allocation).
+
+    The agent sees ``cores`` (fake) per node, as the local pilot does (see
+    ``RadicalExecutor.pilot_cores``: master + worker + room for executable tasks;
+    the kernel keeps real use within ``max_ranks``): before it starts, the job's
+    bootstrap raises the core count in the agent's config (``agent_0.cfg``, which RP
+    staged into the job's sandbox). The job's environment is not the client's
+    (``--export=NONE``): what the agent needs is set up by its bootstrap.
+    """
+    config = local_resource_config(cpus)["local"]
+    bindir = os.path.dirname(sys.executable)
+    config.update(
+        description="hetflow: a pilot that is a Slurm job (written per run by "
+                    "hetflow.executors.radical)",
+        default_schema="batch",
+        schemas={"batch": {"job_manager_endpoint": "slurm://localhost/",
+                           "filesystem_endpoint": "file://localhost/"}},
+        resource_manager="SLURM", fake_resources=False,
+        default_queue=request.get("partition") or "",
+        # RP's temp files go to the sandbox (as the local pilot's: see _set_environment);
+        # Hydra's proxies are Slurm steps that must not wait for each other's CPUs.
+        pre_bootstrap_0=[f"export TMPDIR={tmpdir}", "export SLURM_OVERLAP=1",
+                         f"export PATH={bindir}:$PATH",
+                         # (RP's bootstrap evals these: no quotes, no spaces in words)
+                         f"{sys.executable} -m {__name__} agent-cores {int(cores)}"])
+    return {"slurm": config}
+
+
+def local_resource_config(cores: int, allocation: Optional[batch.Allocation] = None) -> dict:
+    """hetflow's ``local`` resource: this machine, ``cores`` slots, the venv's MPI.
+
+    Inside a Slurm ``allocation`` the pilot's nodes are the allocation's (RP's
+    ``SLURM`` resource manager reads them from ``$SLURM_NODELIST``), ``cores`` per
+    node: Hydra is then given the nodes' names, and starts its proxies on them with
+    ``srun``. (Given ``localhost`` inside an allocation it asks Slurm for a step on a
+    node the job does not have, and hangs.) The pilot's agent still runs here, where
+    the client is, as a job script's processes do.
+    """
     text = importlib_resources.files("hetflow.executors").joinpath(
         "resource_configs/resource_hetflow.json").read_text()
     config = json.loads(text)
     config["local"]["cores_per_node"] = cores
+    if allocation is not None:
+        config["local"]["resource_manager"] = "SLURM"
     config["local"]["virtenv"] = sys.prefix
     # RP probes its launcher in the pilot's original environment (before the venv is
     # activated): put the venv's bin first so it finds, and launches with, the venv's MPI.
@@ -547,3 +698,65 @@ def local_resource_config(cores: int) -> dict:
         config["local"]["launch_methods"][method] = {
             "pre_exec_cached": [f"export PATH={bindir}:$PATH"]}
     return config
+
+
+def _job_running_in(sandbox: str) -> Optional[str]:
+    """The id of the Slurm job whose working directory is under ``sandbox`` (RP's pilot
+    job runs in its pilot sandbox; PSI/J names the job itself)."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-o", "%i %Z"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        job, _, workdir = line.partition(" ")
+        if workdir.startswith(sandbox + os.sep):
+            return job
+    return None
+
+
+def _remove_psij_files(sandbox: str, job_id: Optional[str]) -> None:
+    """Remove what PSI/J left in its work dir for the pilot job: the job script (it
+    names the sandbox) and its output file (named by the job id)."""
+    work = os.path.expanduser(os.path.join("~", ".psij", "work", "slurm"))
+    deadline = time.monotonic() + 30     # the job writes its output file as it ends
+    while job_id is not None and time.monotonic() < deadline:
+        try:
+            listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"],
+                                    capture_output=True, text=True, timeout=30).stdout.split()
+        except (OSError, subprocess.TimeoutExpired):
+            break
+        if job_id not in listed:
+            break
+        time.sleep(0.2)
+    try:
+        names = os.listdir(work)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(work, name)
+        try:
+            if job_id is not None and name.startswith(f"{job_id}."):
+                os.unlink(path)
+            elif name.endswith(".job"):
+                with open(path, errors="replace") as fh:
+                    if sandbox in fh.read():
+                        os.unlink(path)
+        except OSError:
+            continue
+
+
+def _raise_agent_cores(cores: int, path: str = "agent_0.cfg") -> None:
+    """Give the pilot job's agent ``cores`` per node (see :func:`slurm_resource_config`)."""
+    with open(path) as fh:
+        config = json.load(fh)
+    config["cores_per_node"] = cores
+    config["cores"] = config["nodes"] * cores
+    with open(path, "w") as fh:
+        json.dump(config, fh)
+
+
+if __name__ == "__main__":      # run by the pilot job's bootstrap, in the pilot's sandbox
+    if len(sys.argv) != 3 or sys.argv[1] != "agent-cores":
+        sys.exit("usage: python -m hetflow.executors.radical agent-cores N")
+    _raise_agent_cores(int(sys.argv[2]))

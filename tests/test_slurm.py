@@ -3,6 +3,7 @@ launcher that does not wire the ranks into one world fails loudly.
 
 (The parity and fault suites run on it too: ``conftest.PARITY_EXECUTORS``.)
 """
+import os
 import subprocess
 import time
 
@@ -87,3 +88,81 @@ def test_pool_started_by_the_batch_system():
     while _job_state(job)[0] not in ("CANCELLED", "COMPLETED", None):
         assert time.time() < deadline, _job_state(job)
         time.sleep(0.2)
+
+
+@hetflow.mpi_app(ranks=2, returns="all")
+def pair_where(comm):
+    import socket
+    import time
+
+    comm.Barrier()
+    time.sleep(1)       # both tasks hold their nodes at once
+    return socket.gethostname()
+
+
+def _gone(job):
+    """Wait until Slurm no longer runs ``job`` (the runtime gave it back at shutdown)."""
+    deadline = time.time() + 60
+    while _job_state(job)[0] not in ("CANCELLED", "COMPLETED", None):
+        assert time.time() < deadline, _job_state(job)
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_parsl_started_by_the_batch_system():
+    # Parsl's SlurmProvider submits the block (the worker pool) as a 2-node job; the
+    # pool writes its node file from the job, and Hydra places the ranks on its nodes.
+    with hetflow.runtime("parsl", slurm={"nodes": 2, "ntasks": 4, "time": "5"}) as dfk:
+        parsl = dfk.executors["parsl"]
+        assert parsl.max_ranks == 4
+        assert where().result(timeout=240) == ["n1", "n1", "n2", "n2"]
+        pair = [pair_where(), pair_where()]        # two 2-rank tasks at once: a node each
+        assert sorted(f.result(timeout=60) for f in pair) == [["n1", "n1"], ["n2", "n2"]]
+        (job,) = parsl.provider.resources
+        assert _job_state(job) == ("RUNNING", "n[1-2]")
+    _gone(job)
+
+
+@pytest.mark.timeout(600)
+def test_radical_started_by_the_batch_system():
+    # The pilot is a Slurm job (hetflow's Slurm resource config): its agent runs in the
+    # job on n1, its RAPTOR worker's ranks on both nodes, node by node.
+    with hetflow.runtime("radical", slurm={"nodes": 2, "ntasks": 4, "time": "8"},
+                         startup_timeout=300) as dfk:
+        radical = dfk.executors["radical"]
+        job = radical.slurm_job_id
+        assert radical.max_ranks == 4
+        assert job is not None and _job_state(job) == ("RUNNING", "n[1-2]")
+        assert where().result(timeout=120) == ["n1", "n1", "n2", "n2"]
+        assert sizes().result(timeout=120) == [2, 2]
+    _gone(job)
+    # PSI/J (RP's job submitter) leaves the job's script and output in ~/.psij: removed.
+    assert not os.path.exists(os.path.expanduser(f"~/.psij/work/slurm/{job}.out"))
+
+
+def test_pilot_slurm_requests_are_checked():
+    from hetflow.executors.parsl_htex import ParslMPIExecutor
+    from hetflow.executors.radical import RadicalExecutor
+
+    with pytest.raises(hetflow.ConfigError, match="unknown Slurm request key"):
+        ParslMPIExecutor(slurm={"nodes": 2, "gpus": 1})
+    with pytest.raises(hetflow.ConfigError, match="minutes or 'HH:MM:SS'"):
+        ParslMPIExecutor(slurm={"nodes": 2, "time": "1-00"})
+    with pytest.raises(hetflow.ConfigError, match="not both"):
+        RadicalExecutor(slurm={"nodes": 2}, resource="site.slurm", config_dir="/")
+    with pytest.raises(hetflow.ConfigError, match="no extra sbatch args"):
+        RadicalExecutor(slurm={"nodes": 2, "args": ["--exclusive"]})
+    assert RadicalExecutor(slurm={"nodes": 2}).max_ranks == 4     # the nodes' CPUs (sinfo)
+
+
+def test_parsl_ranks_packed_by_node():
+    # Parsl's prefix lists one entry per core slot; Hydra would deal the ranks round robin.
+    from hetflow.executors._parsl_worker import pack_hosts
+
+    prefix = "mpiexec -n 4 -ppn 1 -hosts n1,n1,n2,n2".split()
+    assert pack_hosts(prefix) == "mpiexec -n 4 -hosts n1:2,n2:2".split()
+    # 2 ranks x 2 cores: a rank per node, on the first entry of its slots.
+    assert pack_hosts("mpiexec -n 2 -ppn 1 -hosts n1,n1,n2,n2".split(), 2) == \
+        "mpiexec -n 2 -hosts n1:1,n2:1".split()
+    one_host = "mpiexec -n 2 -ppn 1 -hosts localhost,localhost".split()
+    assert pack_hosts(one_host) == one_host
