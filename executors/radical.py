@@ -243,8 +243,10 @@ class RadicalExecutor(Executor):
         self._pmgr = rp.PilotManager(session=self._session)
         self._tmgr = rp.TaskManager(session=self._session)
         self._tmgr.register_callback(self._state_cb)
+        # exit_on_error=False: RP's default answers a failed pilot by cancelling the
+        # client's main thread (SIGTERM); hetflow fails the tasks with typed errors instead.
         description = {"resource": self.resource, "runtime": 24 * 60,
-                       "sandbox": os.path.join(self.base, "sandbox")}
+                       "sandbox": os.path.join(self.base, "sandbox"), "exit_on_error": False}
         if self.allocation is not None:     # every node of the allocation, fully
             description["nodes"] = len(self.allocation.nodes)
             description["cores"] = len(self.allocation.nodes) * self.pilot_cores()
