@@ -3,7 +3,9 @@
 :class:`RowExchange` is the all-to-all at the heart of shuffle, join and sort. The row routing
 (which rows go to which rank) is fixed once; columns then move one ``Alltoallv`` at a time
 (byte counts and formats first, with an ``Alltoall``), so an operation exchanges its keys first,
-plans on them, and fetches each payload column only when it consumes it. Two formats:
+plans on them, and fetches each payload column only when it consumes it. Small partitions
+(latency-bound) instead move all their columns in one ``Alltoallv`` (:func:`fetch_together`).
+Two formats:
 - plain value buffers, for null-free fixed-width columns (integers, floats, temporals): rows
   are gathered with ``np.take`` straight into the send buffer and received straight into the
   result column, zero-copy from there on;

@@ -135,7 +135,9 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
     """Join on one null-free integer key with late materialisation: only the key columns are
     shuffled before the local match; each payload column is then shuffled when the output
     gathers it and dropped right after. A rank holds its input, its output and about one
-    column in flight, instead of a shuffled copy of both tables beside the output."""
+    column in flight, instead of a shuffled copy of both tables beside the output. Small
+    partitions (:data:`BATCH_BYTES`) move every column of both sides in one exchange instead:
+    there the waits for the peers, not the memory, are what costs."""
     size = comm.Get_size()
     xp = _backend.array_module(be)
     routes = []
