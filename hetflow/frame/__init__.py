@@ -16,6 +16,7 @@ Bad input (unknown columns, mismatched key types, ranks whose schemas disagree) 
 :class:`~hetflow.errors.InputError` subclass on every rank, before any data moves.
 """
 from hetflow.frame._backend import set_backend
+from hetflow.frame._exchange import barrier
 from hetflow.frame._io import read_csv, read_parquet, to_parquet
 from hetflow.frame._ops import GroupBy, join, shuffle, sort, unique
 from hetflow.frame._table import DistributedTable, from_local, generate
@@ -31,5 +32,5 @@ def groupby(table: DistributedTable, by) -> GroupBy:
     return table.groupby(by)
 
 
-__all__ = ["DistributedTable", "GroupBy", "from_local", "gather", "generate", "groupby", "join",
+__all__ = ["DistributedTable", "GroupBy", "barrier", "from_local", "gather", "generate", "groupby", "join",
            "read_csv", "read_parquet", "set_backend", "shuffle", "sort", "to_parquet", "unique"]

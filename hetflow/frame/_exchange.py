@@ -3,7 +3,9 @@
 :class:`RowExchange` is the all-to-all at the heart of shuffle, join and sort. The row routing
 (which rows go to which rank) is fixed once; columns then move one ``Alltoallv`` at a time
 (byte counts and formats first, with an ``Alltoall``), so an operation exchanges its keys first,
-plans on them, and fetches each payload column only when it consumes it. Two formats:
+plans on them, and fetches each payload column only when it consumes it. Small partitions
+(latency-bound) instead move all their columns in one ``Alltoallv`` (:func:`fetch_together`).
+Two formats:
 - plain value buffers, for null-free fixed-width columns (integers, floats, temporals): rows
   are gathered with ``np.take`` straight into the send buffer and received straight into the
   result column, zero-copy from there on;
@@ -14,6 +16,8 @@ exchange more than 2 GiB with a peer (MPICH >= 4.0).
 """
 from __future__ import annotations
 
+import ctypes
+import sys
 import time
 from typing import List, Optional, Sequence
 
@@ -79,9 +83,52 @@ def wait_all(requests) -> None:
             if test(requests):
                 return
         delay = _FIRST_SLEEP
-        while not test(requests):
-            time.sleep(delay)
-            delay = min(delay * 2, _MAX_SLEEP)
+        slack = _set_timer_slack(_SLACK_NS)
+        try:
+            while not test(requests):
+                time.sleep(delay)
+                delay = min(delay * 2, _MAX_SLEEP)
+        finally:
+            if slack is not None:
+                _set_timer_slack(slack)
+
+
+# Linux lets a sleep overrun by the thread's timer slack (50 us by default) so that timers can
+# be batched: a 20 us sleep took ~80 us here, and an operation waits several times. While it
+# polls, a waiting rank asks for 1 us of slack (a 20 us sleep then takes ~30 us) and restores
+# its own setting after.
+_SLACK_NS = 1000
+_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
+_prctl = None
+
+
+def _set_timer_slack(ns: int) -> Optional[int]:
+    """Set this thread's timer slack (Linux prctl); the previous value, or None if unsupported."""
+    global _prctl
+    if _prctl is None:
+        _prctl = False
+        if sys.platform.startswith("linux"):
+            try:
+                fn = ctypes.CDLL(None, use_errno=True).prctl
+                fn.restype = ctypes.c_int
+                fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                               ctypes.c_ulong]
+                _prctl = fn
+            except (OSError, AttributeError):  # no C library symbols to call: sleep as is
+                pass
+    if not _prctl:
+        return None
+    old = _prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
+    if old < 0 or _prctl(_PR_SET_TIMERSLACK, ns, 0, 0, 0) != 0:
+        return None
+    return old
+
+
+def barrier(comm) -> None:
+    """``comm.Barrier()`` waited for asleep (see :func:`wait_all`): a rank that arrives first
+    leaves the cores to the ranks still working instead of busy-polling beside them."""
+    if comm.Get_size() > 1:
+        wait_all([comm.Ibarrier()])
 
 
 class RowExchange:
@@ -104,32 +151,60 @@ class RowExchange:
     """
 
     def __init__(self, comm, order: np.ndarray, offsets: Sequence[int],
-                 table: Optional[pa.Table] = None):
+                 table: Optional[pa.Table] = None, *, _control: Optional[np.ndarray] = None):
         self.comm = comm
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         self.order = order
         self.offsets = [int(o) for o in offsets]
         self.table = table
-        send_rows = np.diff(np.asarray(self.offsets, np.int64))
         ncols = table.num_columns if table is not None else 0
         self.plain_everywhere = [False] * ncols
         if self.size > 1:
-            flags = np.zeros(ncols, np.int64)
-            if ncols:
-                # the test plain_values makes, without combining a chunked column
-                flags[:] = [_raw_width(c.type) is None or c.null_count > 0
-                            for c in table.columns]
-            send = np.empty((self.size, 1 + ncols), np.int64)
-            send[:, 0] = send_rows
-            send[:, 1:] = flags
-            recv = np.empty_like(send)
-            wait_all([comm.Ialltoall(send, recv)])
-            self.recv_rows = recv[:, 0].copy()
-            self.plain_everywhere = [not recv[:, 1 + c].any() and not flags[c]
+            send = self._control_block()
+            if _control is None:  # received already when built by :meth:`several`
+                _control = np.empty_like(send)
+                wait_all([comm.Ialltoall(send, _control)])
+            self.recv_rows = _control[:, 0].copy()
+            self.plain_everywhere = [not _control[:, 1 + c].any() and not send[0, 1 + c]
                                      for c in range(ncols)]
         else:
-            self.recv_rows = send_rows
+            self.recv_rows = np.diff(np.asarray(self.offsets, np.int64))
         self.num_rows = int(self.recv_rows.sum())
+
+    def _control_block(self) -> np.ndarray:
+        """Per destination: the rows sent there, then one flag per column of ``table`` (1 if it
+        is not plain here: the test plain_values makes, without combining a chunked column)."""
+        table = self.table
+        ncols = table.num_columns if table is not None else 0
+        send = np.empty((self.size, 1 + ncols), np.int64)
+        send[:, 0] = np.diff(np.asarray(self.offsets, np.int64))
+        if ncols:
+            send[:, 1:] = [[_raw_width(c.type) is None or c.null_count > 0
+                            for c in table.columns]]
+        return send
+
+    @classmethod
+    def several(cls, comm, routes) -> List["RowExchange"]:
+        """One exchange per ``(order, offsets, table)`` of ``routes`` (collective), their row
+        counts and column flags moved by a single ``Alltoall``: one wait for the peers instead
+        of one per table (on a loaded node every wait may cost a peer's time slice)."""
+        if comm.Get_size() == 1 or len(routes) == 1:
+            return [cls(comm, *r) for r in routes]
+        probes = [cls.__new__(cls) for _ in routes]
+        blocks = []
+        for probe, (_order, offsets, table) in zip(probes, routes):
+            probe.size, probe.table = comm.Get_size(), table
+            probe.offsets = [int(o) for o in offsets]
+            blocks.append(probe._control_block())
+        send = np.ascontiguousarray(np.concatenate(blocks, axis=1))
+        recv = np.empty_like(send)
+        wait_all([comm.Ialltoall(send, recv)])
+        out, c = [], 0
+        for (order, offsets, table), block in zip(routes, blocks):
+            width = block.shape[1]
+            out.append(cls(comm, order, offsets, table, _control=recv[:, c:c + width]))
+            c += width
+        return out
 
     def release(self) -> None:
         """Drop the routing (the row order) once the last column has been fetched."""
@@ -139,15 +214,19 @@ class RowExchange:
     def _rows(self, d: int) -> np.ndarray:
         return self.order[self.offsets[d]:self.offsets[d + 1]]
 
+    def _index(self, col) -> int:
+        i = col if isinstance(col, int) else self.table.schema.get_field_index(col)
+        if i < 0:  # a missing or repeated name: Arrow's own KeyError
+            self.table.column(col)
+        return i
+
     def column(self, col) -> pa.Array:
         """Exchange one column of the partition the routing was built for (collective): an
         array, or the name or index of a column of the ``table`` given at construction."""
         with phase("pack"):
             known = False
             if isinstance(col, (str, int)):
-                i = col if isinstance(col, int) else self.table.schema.get_field_index(col)
-                if i < 0:  # a missing or repeated name: Arrow's own KeyError
-                    self.table.column(col)
+                i = self._index(col)
                 known = self.size > 1 and self.plain_everywhere[i]
                 col = self.table.column(i)
             arr = _single(col)
@@ -261,6 +340,94 @@ class RowExchange:
         if not parts:
             return arr.slice(0, 0)
         return pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
+
+
+def _pad8(nbytes):
+    """Byte counts rounded up to whole 8-byte words: every column's segment of a shared buffer
+    starts aligned for any fixed-width type."""
+    return (nbytes + 7) // 8 * 8
+
+
+def fetch_together(requests) -> List[pa.Array]:
+    """Exchange several columns, of one or more :class:`RowExchange` routings built together,
+    in one ``Alltoallv`` (collective; ``requests``: ``(exchange, column name or index)``).
+
+    For small partitions the exchange is bound by latency, not bandwidth: one wait for the
+    peers instead of one per column (on a loaded node each wait may cost a peer's time slice).
+    Each destination's block holds every requested column's rows for it, back to back, each
+    segment 8-byte aligned; received segments are copied into their columns (one memcpy per
+    column and source), this rank's own rows gathered into place while the transfer runs.
+    Every rank must make the same requests; columns not plain on every rank (or a single
+    rank) go one at a time through :meth:`RowExchange.column`.
+    """
+    if not requests:
+        return []
+    ex0 = requests[0][0]
+    comm, size, rank = ex0.comm, ex0.size, ex0.rank
+    items = []
+    with phase("pack"):
+        for ex, col in requests:
+            i = ex._index(col)
+            if size == 1 or not ex.plain_everywhere[i]:
+                items = None
+                break
+            arr = _single(ex.table.column(i))
+            items.append((ex, arr.type, plain_values(arr)))
+    if items is None:
+        return [ex.column(col) for ex, col in requests]
+    with phase("pack"):
+        send_counts = np.zeros(size, np.int64)
+        recv_counts = np.zeros(size, np.int64)
+        for ex, _, values in items:
+            w = values.dtype.itemsize
+            sent = np.diff(np.asarray(ex.offsets, np.int64)) * w
+            got = ex.recv_rows * w
+            sent[rank] = got[rank] = 0
+            send_counts += _pad8(sent)
+            recv_counts += _pad8(got)
+        _check_large_counts(np.concatenate([send_counts, recv_counts]))
+        send = np.empty(int(send_counts.sum()), np.uint8)
+        pos = 0
+        for d in range(size):
+            if d == rank:
+                continue
+            for ex, _, values in items:
+                idx = ex._rows(d)
+                nbytes = len(idx) * values.dtype.itemsize
+                take_into(values, idx, send[pos:pos + nbytes].view(values.dtype))
+                pos += _pad8(nbytes)
+        send_displs = np.zeros(size, np.int64)
+        np.cumsum(send_counts[:-1], out=send_displs[1:])
+        recv_displs = np.zeros(size, np.int64)
+        np.cumsum(recv_counts[:-1], out=recv_displs[1:])
+        recv = np.empty(int(recv_counts.sum()), np.uint8)
+    req = comm.Ialltoallv([send, (send_counts, send_displs), MPI.BYTE],
+                          [recv, (recv_counts, recv_displs), MPI.BYTE])
+    with phase("reassemble"):
+        outs, row_displs = [], []
+        for ex, _, values in items:
+            out = np.empty(ex.num_rows, values.dtype)
+            displs = np.zeros(size, np.int64)
+            np.cumsum(ex.recv_rows[:-1], out=displs[1:])
+            own = ex._rows(rank)
+            lo = int(displs[rank])
+            take_into(values, own, out[lo:lo + len(own)])
+            outs.append(out)
+            row_displs.append(displs)
+    wait_all([req])
+    del send
+    with phase("reassemble"):
+        pos = 0
+        for s in range(size):
+            if s == rank:
+                continue
+            for (ex, _, values), out, displs in zip(items, outs, row_displs):
+                n = int(ex.recv_rows[s])
+                nbytes = n * values.dtype.itemsize
+                lo = int(displs[s])
+                out[lo:lo + n] = recv[pos:pos + nbytes].view(values.dtype)
+                pos += _pad8(nbytes)
+        return [from_values(t, out) for (_, t, _), out in zip(items, outs)]
 
 
 def exchange_rows(comm, table: pa.Table, order: np.ndarray, offsets: Sequence[int]) -> pa.Table:

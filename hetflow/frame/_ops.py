@@ -135,7 +135,9 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
     """Join on one null-free integer key with late materialisation: only the key columns are
     shuffled before the local match; each payload column is then shuffled when the output
     gathers it and dropped right after. A rank holds its input, its output and about one
-    column in flight, instead of a shuffled copy of both tables beside the output."""
+    column in flight, instead of a shuffled copy of both tables beside the output. Small
+    partitions (:data:`BATCH_BYTES`) move every column of both sides in one exchange instead:
+    there the waits for the peers, not the memory, are what costs."""
     size = comm.Get_size()
     xp = _backend.array_module(be)
     routes = []
@@ -146,14 +148,41 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
             dest = _hash.partition_of(xp, table, [key], size)
             order, offsets = _exchange.split_by(dest, size)
             del dest
-        routes.append(_exchange.RowExchange(comm, order, offsets, table))
+        routes.append((order, offsets, table))
         del order
-    left_route, right_route = routes
-    keys = {"left": left_route.column(lkey), "right": right_route.column(rkey)}
+    left_route, right_route = _exchange.RowExchange.several(comm, routes)
+    del routes
+    fetch_left, fetch_right = left_route.column, right_route.column
+    if size > 1 and _batched(left, right):
+        # small partitions: every column of both sides in one exchange (latency-bound)
+        requests = ([(left_route, i) for i in range(left.num_columns)] +
+                    [(right_route, i) for i in range(right.num_columns)])
+        got = _exchange.fetch_together(requests)
+        left_cols = dict(zip(left.schema.names, got[:left.num_columns]))
+        right_cols = dict(zip(right.schema.names, got[left.num_columns:]))
+        del got
+        fetch_left, fetch_right = left_cols.pop, right_cols.pop
+        keys = {"left": left_cols.pop(lkey), "right": right_cols.pop(rkey)}
+    else:
+        keys = {"left": left_route.column(lkey), "right": right_route.column(rkey)}
     with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
         li, ri = _localjoin.match(keys["left"], keys["right"], how)
         return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
-                                   left_route.column, right_route.column, keys)
+                                   fetch_left, fetch_right, keys)
+
+
+#: Below this many bytes of partitions on a rank, an operation moves all their columns in one
+#: exchange (a few MiB moves in well under a millisecond; each extra wait for the peers costs
+#: more on a busy node); above it, columns move one at a time so a rank holds about one
+#: column in flight beside its input and output (the memory bound of large partitions).
+BATCH_BYTES = 8 << 20
+
+
+def _batched(*tables: pa.Table) -> bool:
+    """Whether ``tables`` are small enough to exchange in one go (see :data:`BATCH_BYTES`),
+    and their column names unique (columns are then looked up by name)."""
+    return (sum(t.nbytes for t in tables) <= BATCH_BYTES and
+            all(len(set(t.schema.names)) == t.num_columns for t in tables))
 
 
 def _canonical_zero(table: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -242,10 +271,20 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
     ex = _exchange.RowExchange(comm, order, bounds, table)
     del order
     key_index = table.schema.get_field_index(name)
+    columns: List[Optional[pa.Array]] = [None] * table.num_columns
+    if _batched(table):
+        # small partitions: every column in one exchange (latency-bound), then one gather each
+        got = _exchange.fetch_together([(ex, i) for i in range(table.num_columns)])
+        ex.release()
+        with phase("local"):
+            merge = _localsort.merge_order(_merge_keys(got[key_index], descending))
+            for i in range(table.num_columns):
+                columns[i] = _localjoin.take(got[i], merge, False)
+                got[i] = None
+        return pa.Table.from_arrays(columns, schema=table.schema)
     received = ex.column(key_index)
     with phase("local"):
         merge = _localsort.merge_order(_merge_keys(received, descending))
-    columns: List[Optional[pa.Array]] = [None] * table.num_columns
     fetch = [key_index] + [i for i in range(table.num_columns) if i != key_index]
     for i in fetch:
         if i != key_index:
@@ -286,11 +325,19 @@ def _sample_bounds(comm, order: np.ndarray, column_values: np.ndarray,
     n = len(order)
     m = min(n, _samples_per_rank(size))
     pos = (np.arange(m, dtype=np.int64) * n) // m if m else np.zeros(0, np.int64)
-    _exchange.wait_all([comm.Ibarrier()])  # a slower rank's local sort is waited for asleep
-    gathered = comm.allgather((key_at(order[pos]), pos))
-    values = np.concatenate([g[0] for g in gathered]).astype(np.uint64)
-    ranks = np.concatenate([np.full(len(g[1]), r, np.int64) for r, g in enumerate(gathered)])
-    positions = np.concatenate([g[1] for g in gathered]).astype(np.int64)
+    # One fixed-size non-blocking allgather (a slower rank's local sort is waited for asleep):
+    # per rank its sample count, then up to cap keys and their positions.
+    cap = _samples_per_rank(size)
+    mine = np.zeros(1 + 2 * cap, np.int64)
+    mine[0] = m
+    mine[1:1 + m] = key_at(order[pos]).view(np.int64)
+    mine[1 + cap:1 + cap + m] = pos
+    every = np.empty((size, len(mine)), np.int64)
+    _exchange.wait_all([comm.Iallgather(mine, every)])
+    counts = every[:, 0]
+    values = np.concatenate([every[r, 1:1 + c] for r, c in enumerate(counts)]).view(np.uint64)
+    ranks = np.repeat(np.arange(size, dtype=np.int64), counts)
+    positions = np.concatenate([every[r, 1 + cap:1 + cap + c] for r, c in enumerate(counts)])
     total = len(values)
 
     def first_at_least(v, side_right: bool) -> int:
