@@ -1,7 +1,12 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
-PYTEST = cd tests && ../$(1)/bin/python -m pytest -q -p no:cacheprovider --rootdir=.. -c ../pyproject.toml
+PYTEST = cd tests && ../$(1)/bin/python -m pytest -q -p no:cacheprovider --rootdir=.. -c ../pyproject.toml $(XDIST)
+# The suite runs in pytest-xdist workers. Tests that must share a worker (the Slurm tests,
+# the tests on one shared runtime) are grouped by tests/conftest.py, which also hands out
+# the longest groups first. Most of a runtime test is waiting (a pilot's start, the batch
+# queue), so three workers on two cores. `make test XDIST=` runs it in one process.
+XDIST ?= -n 3 --dist loadgroup --no-loadscope-reorder
 # The engine and parity tests, run again on the lowest declared versions and on Open MPI.
 ENGINE_TESTS := test_frame_join.py test_frame_sort.py test_frame_ops.py test_frame_errors.py
 LOWEST ?= .venv-lowest
@@ -43,7 +48,7 @@ test-main: $(PY)
 test-lowest: $(UV)
 	rm -rf $(LOWEST)
 	$(UV) venv -q --python $(PY) $(LOWEST)
-	$(UV) pip install -q --python $(LOWEST)/bin/python --resolution lowest-direct '.[mpich,testing]'
+	$(UV) pip install -q --compile-bytecode --python $(LOWEST)/bin/python --resolution lowest-direct '.[mpich,testing]'
 	$(LOWEST)/bin/python -c "import numpy, pyarrow; print('lowest: numpy', numpy.__version__, 'pyarrow', pyarrow.__version__)"
 	$(call PYTEST,$(LOWEST)) $(ENGINE_TESTS) test_parity.py -k "not (parsl or radical)"
 
@@ -58,7 +63,7 @@ openmpi:
 test-openmpi: openmpi $(UV)
 	rm -rf $(OPENMPI)
 	$(UV) venv -q --python $(PY) $(OPENMPI)
-	$(UV) pip install -q --python $(OPENMPI)/bin/python '.[testing]'
+	$(UV) pip install -q --compile-bytecode --python $(OPENMPI)/bin/python '.[testing]'
 	test ! -e $(OPENMPI)/bin/mpiexec
 	HETFLOW_MPIEXEC=$(OMPI_MPIEXEC) OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
 	  $(OMPI_MPIEXEC) -n 1 $(OPENMPI)/bin/python -c "from mpi4py import MPI; v = MPI.Get_library_version(); print(v.splitlines()[0]); assert 'Open MPI' in v"

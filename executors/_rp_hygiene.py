@@ -70,8 +70,8 @@ def session_processes(base: str) -> List[psutil.Process]:
             if proc.pid == me or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
             cwd = proc.cwd() or ""
-            if cwd == base or cwd.startswith(base + os.sep) or \
-                    (proc.environ().get("RADICAL_PILOT_BASE") or "").startswith(base):
+            pilot_base = proc.environ().get("RADICAL_PILOT_BASE") or ""
+            if any(path == base or path.startswith(base + os.sep) for path in (cwd, pilot_base)):
                 found.append(proc)
         except (psutil.Error, OSError):
             pass

@@ -322,7 +322,10 @@ class RadicalExecutor(Executor):
         the ``mpiexec`` given the worker's hostfile (RP names it after the worker's uid)."""
         found = _launcher_of(pids)
         if found is None and self._worker_uid:
-            found = _launcher_named(f"/{self._worker_uid}.hf")
+            # RP names the hostfile after the worker's uid, the same in every session
+            # ("raptor.0000.0000"): only this runtime's sandbox holds this runtime's.
+            found = _launcher_named(os.path.join(self.base, "sandbox") + os.sep,
+                                    f"/{self._worker_uid}.hf")
         return found
 
     def _stop_runtime(self) -> None:
@@ -612,11 +615,12 @@ def _launcher_of(pids: Dict[int, int]) -> Optional[int]:
     return None
 
 
-def _launcher_named(marker: str) -> Optional[int]:
-    """The pid of an ``mpiexec`` whose command line mentions ``marker``."""
+def _launcher_named(prefix: str, suffix: str) -> Optional[int]:
+    """The pid of an ``mpiexec`` given a file under ``prefix`` whose path ends in ``suffix``."""
     for proc in psutil.process_iter():
         try:
-            if proc.name().startswith("mpiexec") and any(marker in a for a in proc.cmdline()):
+            if proc.name().startswith("mpiexec") and any(
+                    a.startswith(prefix) and a.endswith(suffix) for a in proc.cmdline()):
                 return proc.pid
         except (psutil.Error, OSError):    # it ended meanwhile
             continue

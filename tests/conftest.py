@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Optional
 
 import pytest
 
@@ -89,12 +90,66 @@ def require_slurm():
         pytest.skip(reason)
 
 
+@pytest.hookimpl(tryfirst=True)     # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """A test run on a Slurm executor is a Slurm test."""
+    """A test run on a Slurm executor is a Slurm test; under pytest-xdist, every test
+    gets the group it must share a worker with (see ``xdist_group_of``)."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if any(isinstance(v, str) and v in SLURM_EXECUTORS for v in params.values()):
             item.add_marker(pytest.mark.slurm)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for item in items:
+            group = xdist_group_of(item)
+            if group is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+class _LongestFirst:
+    """Under pytest-xdist, the dearest work is handed out first (run with
+    ``--no-loadscope-reorder``, which keeps this order): the Slurm tests (one group, in
+    series, most of it waiting on the queue), then everything that starts a
+    RADICAL-Pilot pilot (~30 s and ~1 CPU to start, ~0.8 CPU while it runs), then the
+    rest, each in collection order. A worker that picks up a long group last would
+    make the whole run wait for it."""
+
+    @pytest.hookimpl(trylast=True)   # after pytest ordered the tests by fixture
+    def pytest_collection_modifyitems(self, items):
+        def cost(item) -> int:
+            group = xdist_group_of(item) or ""
+            return 0 if group == "slurm" else 1 if "radical" in item.nodeid else 2
+
+        items.sort(key=cost)         # stable: keeps each group's order
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(_LongestFirst(), "hetflow-longest-first")
+
+
+def xdist_group_of(item) -> Optional[str]:
+    """The tests that must run in one worker, one after another (``--dist loadgroup``).
+
+    - Every Slurm test: the test cluster has 4 CPUs, and its tests ask for all of them
+      (allocations, placement); two at once would wait on each other's jobs.
+    - The tests that share a runtime (``SharedRuntime``): one group per executor.
+    - Tests that share a module- or class-scoped fixture: one group per module and
+      fixture parameter, so each worker does not start the fixture's runtime again.
+    Any other test runs wherever a worker is free.
+    """
+    if item.get_closest_marker("slurm") is not None:
+        return "slurm"
+    shared = shared_runtime_of(item)
+    if shared is not None:
+        return f"runtime-{shared}"
+    info = getattr(item, "_fixtureinfo", None)
+    scoped = [name for name, defs in getattr(info, "name2fixturedefs", {}).items()
+              if defs and defs[-1].scope in ("module", "class", "package")]
+    if not scoped:
+        return None
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    keys = [str(params[name]) for name in scoped if name in params]
+    return "-".join([item.path.name, *keys])
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -103,13 +158,76 @@ def pytest_runtest_setup(item):
         require_slurm()
 
 
-@pytest.fixture(scope="module", params=PARITY_EXECUTORS)
-def runtime_name(request):
-    """Each parity-suite module runs once per executor, with that runtime loaded."""
-    import hetflow
+class SharedRuntime:
+    """The one runtime the parity-style modules (parity, faults, foundation) share.
 
-    with hetflow.runtime(request.param, **EXECUTOR_OPTIONS[request.param]):
-        yield request.param
+    Starting a runtime is most of what those modules cost on the slow runtimes (a
+    RADICAL-Pilot pilot: ~30 s to start, ~10 s to close), so each executor gets one
+    life for all of them: ``runtime_param`` is session-scoped, which makes pytest run
+    every module's tests on one executor together, and the runtime is closed as soon
+    as the next test does not need it (``pytest_runtest_teardown``), so no other
+    test ever runs beside it. Later tests thus run on a runtime that earlier ones
+    crashed ranks of, timed out and cancelled tasks on: it must keep working.
+    """
+
+    def __init__(self):
+        self.name: Optional[str] = None
+        self._context = None
+        self._failed: dict = {}     # name -> the error its start raised (not retried)
+
+    def use(self, name: str) -> None:
+        if self.name == name:
+            return
+        self.close()
+        if name in self._failed:
+            raise self._failed[name]
+        import hetflow
+
+        context = hetflow.runtime(name, **EXECUTOR_OPTIONS[name])
+        try:
+            context.__enter__()
+        except Exception as exc:
+            self._failed[name] = exc
+            raise
+        self.name, self._context = name, context
+
+    def close(self) -> None:
+        context, self.name, self._context = self._context, None, None
+        if context is not None:
+            context.__exit__(None, None, None)
+
+
+shared_runtime = SharedRuntime()
+
+
+def shared_runtime_of(item) -> Optional[str]:
+    """The executor whose shared runtime test ``item`` runs on, if any."""
+    if item is None or "runtime_param" not in getattr(item, "fixturenames", ()):
+        return None
+    return item.callspec.params.get("runtime_param")
+
+
+@pytest.fixture(scope="session", params=PARITY_EXECUTORS)
+def runtime_param(request):
+    """The executor of a parity-style test (session-scoped: see SharedRuntime)."""
+    return request.param
+
+
+@pytest.fixture
+def runtime_name(runtime_param):
+    """Each parity-suite test runs once per executor, with that runtime loaded."""
+    shared_runtime.use(runtime_param)
+    return runtime_param
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Close the shared runtime after its last test in a row (see SharedRuntime)."""
+    try:
+        return (yield)
+    finally:
+        if shared_runtime.name is not None and shared_runtime_of(nextitem) != shared_runtime.name:
+            shared_runtime.close()
 
 
 @pytest.fixture

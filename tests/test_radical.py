@@ -6,15 +6,17 @@ RP's files go and that nothing is left running or on disk afterwards.
 """
 import json
 import os
+import subprocess
 import sys
 import tempfile
+import time
 
 import psutil
 import pytest
 
 import hetflow
-from hetflow.executors.radical import (LOCAL_RESOURCE, RadicalExecutor, local_resource_config,
-                                       session_processes)
+from hetflow.executors.radical import (LOCAL_RESOURCE, RadicalExecutor, _launcher_named,
+                                       local_resource_config, session_processes)
 
 
 @hetflow.mpi_app(ranks=2, returns="all")
@@ -88,3 +90,31 @@ def test_sandbox_in_run_dir_cleaned_and_no_process_left():
              if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
     assert after == []
     assert os.environ.get("RADICAL_PILOT_BASE") == env_before
+
+
+
+def test_worker_launcher_is_found_in_this_runtimes_sandbox_only(tmp_path):
+    # RP names a RAPTOR worker's hostfile after the worker's uid, the same in every
+    # session ("raptor.0000.0000"): looking for a worker's mpiexec by that name alone
+    # found, and killed, the worker of another runtime on this machine.
+    fake = tmp_path / "mpiexec"                   # a script: its process is named mpiexec
+    fake.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(120)\n")
+    fake.chmod(0o700)
+    launchers = {}
+    for run in ("theirs", "mine"):
+        hostfile = tmp_path / run / "sandbox" / "pilot.0000" / "raptor.0000.0000.hf"
+        hostfile.parent.mkdir(parents=True)
+        hostfile.touch()
+        launchers[run] = subprocess.Popen([str(fake), "-np", "2", "-f", str(hostfile)])
+    try:
+        for launcher in launchers.values():
+            while psutil.Process(launcher.pid).name() != "mpiexec":   # exec'd
+                time.sleep(0.01)
+        for run, launcher in launchers.items():
+            sandbox = str(tmp_path / run / "sandbox") + os.sep
+            assert _launcher_named(sandbox, "/raptor.0000.0000.hf") == launcher.pid
+        assert _launcher_named(str(tmp_path / "other") + os.sep, "/raptor.0000.0000.hf") is None
+    finally:
+        for launcher in launchers.values():
+            launcher.kill()
+            launcher.wait()
