@@ -115,9 +115,10 @@ class _LongestFirst:
 
     @pytest.hookimpl(trylast=True)   # after pytest ordered the tests by fixture
     def pytest_collection_modifyitems(self, items):
-        def cost(item) -> int:
+        def cost(item) -> tuple:
             group = xdist_group_of(item) or ""
-            return 0 if group == "slurm" else 1 if "radical" in item.nodeid else 2
+            return (0 if group == "slurm" else 1 if "radical" in item.nodeid else 2,
+                    item.get_closest_marker("after_shared_runtime") is not None)
 
         items.sort(key=cost)         # stable: keeps each group's order
 
@@ -142,6 +143,8 @@ def xdist_group_of(item) -> Optional[str]:
     shared = shared_runtime_of(item)
     if shared is not None:
         return f"runtime-{shared}"
+    if item.get_closest_marker("after_shared_runtime") is not None:
+        return f"runtime-{item.callspec.params['name']}"
     info = getattr(item, "_fixtureinfo", None)
     scoped = [name for name, defs in getattr(info, "name2fixturedefs", {}).items()
               if defs and defs[-1].scope in ("module", "class", "package")]
@@ -192,12 +195,16 @@ class SharedRuntime:
         self.name, self._context = name, context
 
     def close(self) -> None:
-        context, self.name, self._context = self._context, None, None
+        name, context, self.name, self._context = self.name, self._context, None, None
         if context is not None:
             context.__exit__(None, None, None)
+            lived.add(name)
 
 
 shared_runtime = SharedRuntime()
+#: Executors a whole runtime life of which (start, tasks, shutdown) has passed in this
+#: process: its imports and lazily opened descriptors are there (see test_load.py).
+lived: set = set()
 
 
 def shared_runtime_of(item) -> Optional[str]:

@@ -1,6 +1,6 @@
 """What only the RADICAL-Pilot executor has: its resource config, its run dir, clean exit.
 
-The parity suite (test_parity.py) covers results and errors on one module-scoped
+The parity suite (test_parity.py) covers results and errors on the shared
 pilot; this file starts one more pilot, in a run dir of its own, to check where
 RP's files go and that nothing is left running or on disk afterwards.
 """
