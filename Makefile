@@ -4,8 +4,9 @@ UV := $(VENV)/bin/uv
 PYTEST = cd tests && ../$(1)/bin/python -m pytest -q -p no:cacheprovider --rootdir=.. -c ../pyproject.toml $(XDIST)
 # The suite runs in pytest-xdist workers. Tests that must share a worker (the Slurm tests,
 # the tests on one shared runtime) are grouped by tests/conftest.py, which also hands out
-# the longest groups first. Most of a runtime test is waiting (a pilot's start, the batch
-# queue), so three workers on two cores. `make test XDIST=` runs it in one process.
+# the longest groups first. Three workers on two cores: the Slurm group mostly waits on the
+# batch queue, and the other two keep both cores busy (measured: ~97% busy; the one-process
+# run left them about half idle). `make test XDIST=` runs it in one process.
 XDIST ?= -n 3 --dist loadgroup --no-loadscope-reorder
 # The engine and parity tests, run again on the lowest declared versions and on Open MPI.
 ENGINE_TESTS := test_frame_join.py test_frame_sort.py test_frame_ops.py test_frame_errors.py
