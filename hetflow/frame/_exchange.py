@@ -168,8 +168,13 @@ class RowExchange:
             self.plain_everywhere = [not _control[:, 1 + c].any() and not send[0, 1 + c]
                                      for c in range(ncols)]
         else:
-            self.recv_rows = np.diff(np.asarray(self.offsets, np.int64))
+            self.recv_rows = self.send_rows
         self.num_rows = int(self.recv_rows.sum())
+
+    @property
+    def send_rows(self) -> np.ndarray:
+        """Rows this rank sends to each destination (a new array each time)."""
+        return np.diff(np.asarray(self.offsets, np.int64))
 
     def _control_block(self) -> np.ndarray:
         """Per destination: the rows sent there, then one flag per column of ``table`` (1 if it
@@ -177,7 +182,7 @@ class RowExchange:
         table = self.table
         ncols = table.num_columns if table is not None else 0
         send = np.empty((self.size, 1 + ncols), np.int64)
-        send[:, 0] = np.diff(np.asarray(self.offsets, np.int64))
+        send[:, 0] = self.send_rows
         if ncols:
             send[:, 1:] = [[_raw_width(c.type) is None or c.null_count > 0
                             for c in table.columns]]
@@ -258,17 +263,15 @@ class RowExchange:
         received straight into the result column (one contiguous buffer, zero-copy into
         Arrow); this rank's own rows are copied into their slot while the transfer runs."""
         w = values.dtype.itemsize
-        send_rows = np.diff(np.asarray(self.offsets, np.int64))
+        send_rows = self.send_rows
         send_rows[self.rank] = 0
         recv_rows = self.recv_rows.copy()
         recv_rows[self.rank] = 0
         send = self._pack_plain(values)
         _check_large_counts(np.concatenate([send_rows, recv_rows]) * w)
         out = np.empty(self.num_rows, values.dtype)
-        row_displs = np.zeros(self.size, np.int64)
-        np.cumsum(self.recv_rows[:-1], out=row_displs[1:])
-        send_displs = np.zeros(self.size, np.int64)
-        np.cumsum(send_rows[:-1], out=send_displs[1:])
+        row_displs = _starts(self.recv_rows)
+        send_displs = _starts(send_rows)
         req = self.comm.Ialltoallv(
             [send.view(np.uint8), (send_rows * w, send_displs * w), MPI.BYTE],
             [out.view(np.uint8), (recv_rows * w, row_displs * w), MPI.BYTE])
@@ -380,7 +383,7 @@ def fetch_together(requests) -> List[pa.Array]:
         recv_counts = np.zeros(size, np.int64)
         for ex, _, values in items:
             w = values.dtype.itemsize
-            sent = np.diff(np.asarray(ex.offsets, np.int64)) * w
+            sent = ex.send_rows * w
             got = ex.recv_rows * w
             sent[rank] = got[rank] = 0
             send_counts += _pad8(sent)
@@ -396,10 +399,8 @@ def fetch_together(requests) -> List[pa.Array]:
                 nbytes = len(idx) * values.dtype.itemsize
                 take_into(values, idx, send[pos:pos + nbytes].view(values.dtype))
                 pos += _pad8(nbytes)
-        send_displs = np.zeros(size, np.int64)
-        np.cumsum(send_counts[:-1], out=send_displs[1:])
-        recv_displs = np.zeros(size, np.int64)
-        np.cumsum(recv_counts[:-1], out=recv_displs[1:])
+        send_displs = _starts(send_counts)
+        recv_displs = _starts(recv_counts)
         recv = np.empty(int(recv_counts.sum()), np.uint8)
     req = comm.Ialltoallv([send, (send_counts, send_displs), MPI.BYTE],
                           [recv, (recv_counts, recv_displs), MPI.BYTE])
@@ -407,8 +408,7 @@ def fetch_together(requests) -> List[pa.Array]:
         outs, row_displs = [], []
         for ex, _, values in items:
             out = np.empty(ex.num_rows, values.dtype)
-            displs = np.zeros(size, np.int64)
-            np.cumsum(ex.recv_rows[:-1], out=displs[1:])
+            displs = _starts(ex.recv_rows)
             own = ex._rows(rank)
             lo = int(displs[rank])
             take_into(values, own, out[lo:lo + len(own)])
@@ -445,14 +445,19 @@ def _is_identity(idx: np.ndarray) -> bool:
     return bool(len(idx) == 0 or (idx[0] == 0 and np.all(np.diff(idx) == 1)))
 
 
+def _starts(counts) -> np.ndarray:
+    """Where each of ``counts``' segments starts when they lie end to end in one buffer (the
+    displacements of a ``*v`` collective: the exclusive prefix sum)."""
+    starts = np.zeros(len(counts), np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    return starts
+
+
 def _alltoallv(comm, send: np.ndarray, send_counts: np.ndarray,
                recv_counts: np.ndarray) -> np.ndarray:
     _check_large_counts(np.concatenate([send_counts, recv_counts]))
-    size = comm.Get_size()
-    send_displs = np.zeros(size, np.int64)
-    np.cumsum(send_counts[:-1], out=send_displs[1:])
-    recv_displs = np.zeros(size, np.int64)
-    np.cumsum(recv_counts[:-1], out=recv_displs[1:])
+    send_displs = _starts(send_counts)
+    recv_displs = _starts(recv_counts)
     recv = np.empty(int(recv_counts.sum()), np.uint8)
     wait_all([comm.Ialltoallv([send, (send_counts, send_displs), MPI.BYTE],
                               [recv, (recv_counts, recv_displs), MPI.BYTE])])
@@ -466,8 +471,7 @@ def gather(comm, table: pa.Table, root: int = 0) -> Optional[pa.Table]:
     if comm.Get_rank() == root:
         counts = np.asarray(counts, np.int64)
         _check_large_counts(counts)
-        displs = np.zeros(len(counts), np.int64)
-        np.cumsum(counts[:-1], out=displs[1:])
+        displs = _starts(counts)
         recv = np.empty(int(counts.sum()), np.uint8)
         comm.Gatherv(np.frombuffer(payload, np.uint8) if payload.size else np.empty(0, np.uint8),
                      [recv, (counts, displs), MPI.BYTE], root=root)
