@@ -156,6 +156,7 @@ class RadicalExecutor(Executor):
         self.base = os.path.abspath(self.sandbox_dir or self.run_root)
         self.task_root = private_dir(os.path.join(self.base, "tasks"))
         self.status_dir = private_dir(os.path.join(self.base, "rank-status"))
+        self.sandbox = os.path.join(self.base, "sandbox")   # the pilot's (RP makes it)
         self._set_environment()
         self._rp_before = rp_zmq_objects()
         try:
@@ -246,7 +247,7 @@ class RadicalExecutor(Executor):
         # exit_on_error=False: RP's default answers a failed pilot by cancelling the
         # client's main thread (SIGTERM); hetflow fails the tasks with typed errors instead.
         description = {"resource": self.resource, "runtime": 24 * 60,
-                       "sandbox": os.path.join(self.base, "sandbox"), "exit_on_error": False}
+                       "sandbox": self.sandbox, "exit_on_error": False}
         if self.allocation is not None:     # every node of the allocation, fully
             description["nodes"] = len(self.allocation.nodes)
             description["cores"] = len(self.allocation.nodes) * self.pilot_cores()
@@ -267,7 +268,7 @@ class RadicalExecutor(Executor):
         if pilot.state != rp.PMGR_ACTIVE:
             raise LaunchError(f"RADICAL-Pilot pilot on {self.resource!r} is {pilot.state} after "
                               f"{time.time() - t0:.0f} s (startup_timeout={self.startup_timeout})",
-                              logs=[os.path.join(self.base, "sandbox")])
+                              logs=[self.sandbox])
         self._pilot = pilot
         if self.slurm is not None:
             self.slurm_job_id = _job_running_in(description["sandbox"])
@@ -312,7 +313,7 @@ class RadicalExecutor(Executor):
         if rp_task.state != rp.DONE:
             raise LaunchError(f"RAPTOR MPI worker of {self.max_ranks} ranks did not run a task "
                               f"(state {rp_task.state}): {rp_task.stderr}",
-                              logs=[os.path.join(self.base, "sandbox")])
+                              logs=[self.sandbox])
         self._worker_root = self._worker_launcher(taskdir.pids())
         taskdir.remove()
 
@@ -324,7 +325,7 @@ class RadicalExecutor(Executor):
         if found is None and self._worker_uid:
             # RP names the hostfile after the worker's uid, the same in every session
             # ("raptor.0000.0000"): only this runtime's sandbox holds this runtime's.
-            found = _launcher_named(os.path.join(self.base, "sandbox") + os.sep,
+            found = _launcher_named(self.sandbox + os.sep,
                                     f"/{self._worker_uid}.hf")
         return found
 
@@ -353,7 +354,7 @@ class RadicalExecutor(Executor):
             release_client_handles(self.base, self._rp_before)
         end_leftovers(self.base)
         if self.slurm is not None:
-            _remove_psij_files(os.path.join(self.base, "sandbox"), self.slurm_job_id)
+            _remove_psij_files(self.sandbox, self.slurm_job_id)
         restore_environment(self._saved_env)
         self.timings["close_s"] = time.time() - t0
 
@@ -470,7 +471,7 @@ class RadicalExecutor(Executor):
         dead = {rank: pid for rank, pid in taskdir.pids().items() if ended(pid)}
         if not dead:
             return {}
-        sandbox = os.path.join(self.base, "sandbox")
+        sandbox = self.sandbox
         deadline = time.monotonic() + EVIDENCE_GRACE_S
         while True:
             found = rank_exit_statuses(self.status_dir, dead)
