@@ -116,8 +116,7 @@ class _LongestFirst:
     @pytest.hookimpl(trylast=True)   # after pytest ordered the tests by fixture
     def pytest_collection_modifyitems(self, items):
         def cost(item) -> tuple:
-            group = xdist_group_of(item) or ""
-            return (0 if group == "slurm" else 1 if "radical" in item.nodeid else 2,
+            return (0 if item.get_closest_marker("slurm") else 1 if "radical" in item.nodeid else 2,
                     item.get_closest_marker("after_shared_runtime") is not None)
 
         items.sort(key=cost)         # stable: keeps each group's order

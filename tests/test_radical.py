@@ -92,7 +92,6 @@ def test_sandbox_in_run_dir_cleaned_and_no_process_left():
     assert os.environ.get("RADICAL_PILOT_BASE") == env_before
 
 
-
 def test_worker_launcher_is_found_in_this_runtimes_sandbox_only(tmp_path):
     # RP names a RAPTOR worker's hostfile after the worker's uid, the same in every
     # session ("raptor.0000.0000"): looking for a worker's mpiexec by that name alone
