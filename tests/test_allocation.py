@@ -140,19 +140,32 @@ def test_pool_rank_lost_on_another_node_in_a_full_allocation(tmp_path):
     assert all(len(h) == 2 and set(h) <= {"n1", "n2"} for h in got["hosts"]), got
 
 
+#: Two 2-rank tasks that are running at the same time (each one's rank 0 waits in
+#: ``meet`` until both have arrived), so together they hold all four CPUs and the
+#: placement cannot reuse the first task's node for the second; then one 4-rank task.
 PLACEMENT = '''
-import json
+import json, os, sys, time
 import hetflow
 
 @hetflow.mpi_app(ranks=2, returns="all")
-def where(comm):
+def where(comm, meet=None):
     import socket
+    if meet is not None:
+        if comm.Get_rank() == 0:
+            open(os.path.join(meet, str(os.getpid())), "w").close()
+            deadline = time.time() + 60
+            while len(os.listdir(meet)) < 2:
+                if time.time() > deadline:
+                    raise TimeoutError("the other 2-rank task did not start beside this one")
+                time.sleep(0.02)
+        comm.Barrier()
     return socket.gethostname()
 
+meet = sys.argv[1]
 launcher = ["srun", "--ntasks={ranks}", "--kill-on-bad-exit=0"]
 with hetflow.runtime("pool", launcher=launcher, start_timeout=60):
-    pair = [where(), where()]                  # two 2-rank tasks at once: one node each
-    print(json.dumps({"pair": [f.result(timeout=60) for f in pair],
+    pair = [where(meet), where(meet)]          # two 2-rank tasks at once: one node each
+    print(json.dumps({"pair": [f.result(timeout=90) for f in pair],
                       "four": where.options(ranks=4)().result(timeout=60)}))
 '''
 
@@ -160,8 +173,10 @@ with hetflow.runtime("pool", launcher=launcher, start_timeout=60):
 def test_pool_places_tasks_by_node(tmp_path):
     script = tmp_path / "placement.py"
     script.write_text(PLACEMENT)
+    meet = tmp_path / "meet"
+    meet.mkdir()
     run = subprocess.run(["salloc", "-N2", "-n4", "--time=5", "timeout", "-k", "10", "180",
-                          sys.executable, str(script)],
+                          sys.executable, str(script), str(meet)],
                          cwd=HERE, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])

@@ -91,12 +91,21 @@ def test_pool_started_by_the_batch_system():
 
 
 @hetflow.mpi_app(ranks=2, returns="all")
-def pair_where(comm):
+def pair_where(comm, meet):
+    """Each task's rank 0 waits in ``meet`` until the other task has arrived too, so
+    both hold their nodes at once (a task that finished first would free its node)."""
+    import os
     import socket
     import time
 
+    if comm.Get_rank() == 0:
+        open(os.path.join(meet, str(os.getpid())), "w").close()
+        deadline = time.time() + 60
+        while len(os.listdir(meet)) < 2:
+            if time.time() > deadline:
+                raise TimeoutError("the other 2-rank task did not start beside this one")
+            time.sleep(0.02)
     comm.Barrier()
-    time.sleep(1)       # both tasks hold their nodes at once
     return socket.gethostname()
 
 
@@ -109,15 +118,15 @@ def _gone(job):
 
 
 @pytest.mark.timeout(300)
-def test_parsl_started_by_the_batch_system():
+def test_parsl_started_by_the_batch_system(tmp_path):
     # Parsl's SlurmProvider submits the block (the worker pool) as a 2-node job; the
     # pool writes its node file from the job, and Hydra places the ranks on its nodes.
     with hetflow.runtime("parsl", slurm={"nodes": 2, "ntasks": 4, "time": "5"}) as dfk:
         parsl = dfk.executors["parsl"]
         assert parsl.max_ranks == 4
         assert where().result(timeout=240) == ["n1", "n1", "n2", "n2"]
-        pair = [pair_where(), pair_where()]        # two 2-rank tasks at once: a node each
-        assert sorted(f.result(timeout=60) for f in pair) == [["n1", "n1"], ["n2", "n2"]]
+        pair = [pair_where(str(tmp_path)), pair_where(str(tmp_path))]   # a node each
+        assert sorted(f.result(timeout=90) for f in pair) == [["n1", "n1"], ["n2", "n2"]]
         (job,) = parsl.provider.resources
         assert _job_state(job) == ("RUNNING", "n[1-2]")
     _gone(job)
