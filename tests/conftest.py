@@ -1,8 +1,11 @@
 """Shared fixtures: the executors every parity test runs on, and leak checks."""
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import sys
+import tempfile
 from typing import Optional
 
 import pytest
@@ -176,6 +179,9 @@ class SharedRuntime:
         self.name: Optional[str] = None
         self._context = None
         self._failed: dict = {}     # name -> the error its start raised (not retried)
+        #: name -> the last life of that executor's shared runtime that ended
+        self.lives: dict[str, Life] = {}
+        self._life: Optional[Life] = None
 
     def use(self, name: str) -> None:
         if self.name == name:
@@ -183,21 +189,53 @@ class SharedRuntime:
         self.close()
         if name in self._failed:
             raise self._failed[name]
+        import psutil
+
         import hetflow
 
-        context = hetflow.runtime(name, **EXECUTOR_OPTIONS[name])
+        options = dict(EXECUTOR_OPTIONS[name])
+        scratch = None
+        if name == "radical" and "sandbox_dir" not in options:
+            # RP's files go to a directory of the tests' choosing (test_radical.py checks
+            # that all of them do, and that the runtime removes it).
+            scratch = tempfile.mkdtemp(prefix="hetflow-shared-")
+            options["sandbox_dir"] = os.path.join(scratch, "rp")
+        life = Life(children={p.pid for p in psutil.Process().children(recursive=True)},
+                    environ=dict(os.environ), scratch=scratch)
+        context = hetflow.runtime(name, **options)
         try:
-            context.__enter__()
+            dfk = context.__enter__()
         except Exception as exc:
             self._failed[name] = exc
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
             raise
-        self.name, self._context = name, context
+        life.executor, life.token = dfk.executors[name], dfk.hetflow_token
+        self.name, self._context, self._life = name, context, life
 
     def close(self) -> None:
         name, context, self.name, self._context = self.name, self._context, None, None
         if context is not None:
-            context.__exit__(None, None, None)
-            lived.add(name)
+            life, self._life = self._life, None
+            try:
+                context.__exit__(None, None, None)
+            finally:
+                lived.add(name)
+                self.lives[name] = life
+                if life.scratch is not None:
+                    life.scratch_left = os.listdir(life.scratch)
+                    shutil.rmtree(life.scratch, ignore_errors=True)
+
+
+@dataclasses.dataclass
+class Life:
+    """One life of a shared runtime, for the tests that check what it left behind."""
+    children: set                       # the client's child processes before it started
+    environ: dict                       # os.environ before it started
+    scratch: Optional[str] = None       # a temp dir holding its sandbox_dir, if it had one
+    scratch_left: list = dataclasses.field(default_factory=list)  # in it after the close
+    executor: object = None             # the hetflow executor
+    token: Optional[str] = None         # the runtime's token (hetflow._guardian)
 
 
 shared_runtime = SharedRuntime()
@@ -207,10 +245,14 @@ lived: set = set()
 
 
 def shared_runtime_of(item) -> Optional[str]:
-    """The executor whose shared runtime test ``item`` runs on, if any."""
-    if item is None or "runtime_param" not in getattr(item, "fixturenames", ()):
+    """The executor whose shared runtime test ``item`` runs on, if any: a parity-style
+    test's ``runtime_param``, or a test marked ``on_shared_runtime(name)``."""
+    if item is None:
         return None
-    return item.callspec.params.get("runtime_param")
+    if "runtime_param" in getattr(item, "fixturenames", ()):
+        return item.callspec.params.get("runtime_param")
+    marker = item.get_closest_marker("on_shared_runtime")
+    return marker.args[0] if marker is not None else None
 
 
 @pytest.fixture(scope="session", params=PARITY_EXECUTORS)
@@ -234,6 +276,16 @@ def pytest_runtest_teardown(item, nextitem):
     finally:
         if shared_runtime.name is not None and shared_runtime_of(nextitem) != shared_runtime.name:
             shared_runtime.close()
+
+
+@pytest.fixture
+def shared_executor(request):
+    """The executor of a test marked ``on_shared_runtime(name)``, its shared runtime up."""
+    from parsl.dataflow.dflow import DataFlowKernelLoader
+
+    name = request.node.get_closest_marker("on_shared_runtime").args[0]
+    shared_runtime.use(name)
+    return DataFlowKernelLoader.dfk().executors[name]
 
 
 @pytest.fixture

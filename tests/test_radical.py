@@ -1,20 +1,21 @@
 """What only the RADICAL-Pilot executor has: its resource config, its run dir, clean exit.
 
 The parity suite (test_parity.py) covers results and errors on the shared
-pilot; this file starts one more pilot, in a run dir of its own, to check where
-RP's files go and that nothing is left running or on disk afterwards.
+pilot; this file checks, on that same pilot, where RP's files go, and once it
+has closed, that nothing was left running or on disk.
 """
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import psutil
 import pytest
 
 import hetflow
+from conftest import shared_runtime
+from hetflow._guardian import marked_processes
 from hetflow.executors.radical import (LOCAL_RESOURCE, RadicalExecutor, _launcher_named,
                                        local_resource_config, session_processes)
 
@@ -65,31 +66,48 @@ def test_user_resource_config_dir_is_handed_to_rp(tmp_path):
     assert {k: os.environ.get(k) for k in saved} == saved
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_sandbox_in_run_dir_cleaned_and_no_process_left():
-    assert LOCAL_RESOURCE == "hetflow.local"
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    env_before = os.environ.get("RADICAL_PILOT_BASE")
-    with tempfile.TemporaryDirectory() as tmp:
-        sandbox = os.path.join(tmp, "rp")
-        with hetflow.runtime("radical", max_ranks=2, sandbox_dir=sandbox) as dfk:
-            ex = dfk.executors["radical"]
-            ranks = where().result(timeout=120)
-            assert [(r, s) for r, s, _ in ranks] == [(0, 2), (1, 2)]
-            # RP's session dir, pilot sandbox and task sandboxes all live in the run dir.
-            assert all(cwd.startswith(sandbox) for _, _, cwd in ranks)
-            assert os.listdir(os.path.join(sandbox, "sessions"))
-            assert os.listdir(os.path.join(sandbox, "sandbox"))
-            assert session_processes(sandbox), "the pilot's processes should be found"
-            assert set(ex.timings) >= {"session_s", "pilot_s", "raptor_s"}
-        assert not os.path.exists(sandbox)
-        assert "close_s" in ex.timings
-        assert session_processes(sandbox) == []
-    after = [p for p in psutil.Process().children(recursive=True)
-             if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
-    assert after == []
-    assert os.environ.get("RADICAL_PILOT_BASE") == env_before
+@pytest.mark.on_shared_runtime("radical")
+def test_rp_files_all_go_to_the_sandbox_dir(shared_executor):
+    # The shared pilot was started with sandbox_dir= (tests/conftest.py): RP's session
+    # dir, pilot sandbox and task sandboxes all live there, its processes are found there.
+    ex = shared_executor
+    assert ex.resource == LOCAL_RESOURCE == "hetflow.local"
+    sandbox = os.path.abspath(ex.sandbox_dir)
+    assert ex.base == sandbox and ex.sandbox.startswith(sandbox + os.sep)
+    ranks = where().result(timeout=120)
+    assert [(r, s) for r, s, _ in ranks] == [(0, 2), (1, 2)]
+    assert all(cwd.startswith(sandbox + os.sep) for _, _, cwd in ranks)
+    assert os.listdir(os.path.join(sandbox, "sessions"))
+    assert os.listdir(os.path.join(sandbox, "sandbox"))
+    assert session_processes(sandbox), "the pilot's processes should be found"
+    assert set(ex.timings) >= {"session_s", "pilot_s", "raptor_s"}
+
+
+@pytest.mark.after_shared_runtime
+@pytest.mark.parametrize("name", ["radical"])
+def test_rp_sandbox_removed_and_no_process_left(name):
+    # What the shared pilot's life (above, and the parity suite's tests) left behind once
+    # it closed: nothing. Run alone, this test gives the shared runtime a life of its own.
+    if name not in shared_runtime.lives:
+        shared_runtime.use(name)
+        shared_runtime.close()
+    life = shared_runtime.lives[name]
+    ex = life.executor
+    assert life.scratch is not None and ex.sandbox_dir.startswith(life.scratch)
+    assert life.scratch_left == [], life.scratch_left      # sandbox_dir itself removed
+    assert "close_s" in ex.timings
+    assert session_processes(os.path.abspath(ex.sandbox_dir)) == []
+    assert not marked_processes(life.token)
+    deadline = time.time() + 30                 # processes are reaped asynchronously
+    while True:
+        left = [p for p in psutil.Process().children(recursive=True)
+                if p.pid not in life.children and p.status() != psutil.STATUS_ZOMBIE]
+        if not left or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    assert left == []
+    for key in ("RADICAL_PILOT_BASE", "RADICAL_BASE", "RADICAL_CONFIG_USER_DIR", "TMPDIR"):
+        assert os.environ.get(key) == life.environ.get(key), key
 
 
 def test_worker_launcher_is_found_in_this_runtimes_sandbox_only(tmp_path):
