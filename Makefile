@@ -34,15 +34,12 @@ demo: $(PY)
 test: test-main test-lowest test-openmpi
 
 # The whole suite on a plain install (checked to be the one imported: the tests must not
-# pass by reading the source tree), then the executor-parity and fault suites again on an
-# editable install (the remapped hetflow.executors package must import both ways).
+# pass by reading the source tree). The remapped hetflow.executors package must import
+# both ways: test-openmpi runs on an editable install.
 test-main: $(PY)
 	$(PY) -m pip install -q '.[test]'
 	cd tests && ../$(PY) -c "import hetflow.executors.mpirun as m; assert 'site-packages' in m.__file__, m.__file__"
 	$(call PYTEST,$(VENV)) --durations=25
-	$(PY) -m pip install -q -e '.[test]'
-	$(PY) -c "import hetflow.executors.mpirun as m, os; assert os.path.dirname(m.__file__) == os.path.abspath('executors'), m.__file__"
-	$(call PYTEST,$(VENV)) test_parity.py test_faults.py -k "mpirun or pool"
 
 # The declared floors are tested: every direct dependency at the lowest version
 # pyproject.toml allows (pyarrow, numpy, parsl, mpi4py, ...), engine and parity tests.
@@ -60,12 +57,14 @@ openmpi:
 
 # The parity and fault suites on Open MPI: a venv without the mpich wheel, mpi4py's binary
 # wheel loading Debian's libmpi, HETFLOW_MPIEXEC naming the site's launcher. (The parsl
-# runtime needs a Hydra launcher: Parsl's $PARSL_MPI_PREFIX uses MPICH's flags.)
+# runtime needs a Hydra launcher: Parsl's $PARSL_MPI_PREFIX uses MPICH's flags.) An
+# editable install, checked to be the one imported (test-main tests a plain one).
 test-openmpi: openmpi $(UV)
 	rm -rf $(OPENMPI)
 	$(UV) venv -q --python $(PY) $(OPENMPI)
-	$(UV) pip install -q --compile-bytecode --python $(OPENMPI)/bin/python '.[testing]'
+	$(UV) pip install -q --compile-bytecode --python $(OPENMPI)/bin/python -e '.[testing]'
 	test ! -e $(OPENMPI)/bin/mpiexec
+	cd tests && ../$(OPENMPI)/bin/python -c "import hetflow.executors.mpirun as m, os; assert os.path.dirname(m.__file__) == os.path.abspath('../executors'), m.__file__"
 	HETFLOW_MPIEXEC=$(OMPI_MPIEXEC) OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
 	  $(OMPI_MPIEXEC) -n 1 $(OPENMPI)/bin/python -c "from mpi4py import MPI; v = MPI.Get_library_version(); print(v.splitlines()[0]); assert 'Open MPI' in v"
 	export HETFLOW_MPIEXEC=$(OMPI_MPIEXEC); $(call PYTEST,$(OPENMPI)) test_parity.py test_faults.py -k "mpirun or pool"
