@@ -80,9 +80,11 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
     Yields the Parsl DataFlowKernel; MPI apps called inside the block run on it.
     ``run_dir`` (default: a fresh temp dir) holds Parsl's run info and the
     executor's task dirs and sandboxes; it is removed on exit unless
-    ``keep_run_dir`` or ``run_dir`` was given. ``checkpoint`` (a directory) journals
-    every finished task's result there; a later runtime with the same directory
-    skips those tasks (see :mod:`hetflow.journal`). Extra keywords go to the executor.
+    ``keep_run_dir`` or ``run_dir`` was given, or a failed start's error names logs in
+    it (``LaunchError.logs``: they stay, and a note on the error says so).
+    ``checkpoint`` (a directory) journals every finished task's result there; a
+    later runtime with the same directory skips those tasks (see
+    :mod:`hetflow.journal`). Extra keywords go to the executor.
 
     Every process the runtime starts dies with the client, however the client
     ends (``kill -9`` included): a guardian process watches it (see
@@ -118,10 +120,17 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
             dfk = parsl.load(config)
         dfk.hetflow_checkpoint = checkpoint is not None
         dfk.hetflow_token = guardian.token
-    except BaseException:
+    except BaseException as exc:
         guardian.stop()
         if owned and not keep_run_dir:
-            shutil.rmtree(base, ignore_errors=True)
+            logs = [p for p in getattr(exc, "logs", ()) if _inside(str(p), base)]
+            if logs:
+                # The error points at logs in the run dir (a launcher's stderr, a pilot's
+                # sandbox): they are what explains it, so the run dir stays.
+                exc.add_note(f"hetflow kept the run dir {base} for these logs; remove it "
+                             f"when done")
+            else:
+                shutil.rmtree(base, ignore_errors=True)
         raise
     try:
         yield dfk
@@ -133,3 +142,9 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
             guardian.stop()
             if owned and not keep_run_dir:
                 shutil.rmtree(base, ignore_errors=True)
+
+
+def _inside(path: str, root: str) -> bool:
+    path, root = os.path.abspath(path), os.path.abspath(root)
+    return path == root or path.startswith(root + os.sep)
+

@@ -296,6 +296,27 @@ def test_keep_outside_the_pool_is_not_supported():
         assert isinstance(info.value.exception, hetflow.NotSupported)
 
 
+def test_failed_start_keeps_the_logs_its_error_names(tmp_path, monkeypatch):
+    # A world that cannot start (mpiexec refuses an argument): the LaunchError names the
+    # world's stderr, which explains it, so the run dir with that log stays; a note says so.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(hetflow.LaunchError, match="did not start") as info:
+        with hetflow.runtime("pool", max_ranks=2, mpiexec_args=["--no-such-flag"]):
+            pass
+    (log,) = info.value.logs
+    assert "no-such-flag" in open(log).read()
+    (kept,) = os.listdir(tmp_path)
+    assert log.startswith(str(tmp_path / kept) + os.sep)
+    assert info.value.__notes__ == [f"hetflow kept the run dir {tmp_path / kept} for these "
+                                    f"logs; remove it when done"]
+    assert os.stat(tmp_path / kept).st_mode & 0o077 == 0
+    # a start that fails without naming logs leaves nothing
+    with pytest.raises(hetflow.ConfigError):
+        with hetflow.runtime("pool", max_ranks=0):
+            pass
+    assert os.listdir(tmp_path) == [kept]
+
+
 # ----------------------------------------------------------------------------- placement
 def test_hostfile_start_and_core_pinning():
     with tempfile.TemporaryDirectory() as tmp:
