@@ -26,6 +26,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+#: The radical runtime's fault-injection knob (see SharedRuntime.use).
+MASTER_KNOB = "HETFLOW_RAPTOR_DROP_ANNOUNCEMENTS"
+
 #: Executor name -> the options the tests start it with (4 rank slots on this 2-core
 #: machine, so 3-rank tasks and heterogeneous pairs fit; oversubscribed on purpose).
 EXECUTOR_OPTIONS = {
@@ -194,15 +197,20 @@ class SharedRuntime:
         import hetflow
 
         options = dict(EXECUTOR_OPTIONS[name])
-        scratch = None
-        if name == "radical" and "sandbox_dir" not in options:
-            # RP's files go to a directory of the tests' choosing (test_radical.py checks
-            # that all of them do, and that the runtime removes it).
-            scratch = tempfile.mkdtemp(prefix="hetflow-shared-")
-            options["sandbox_dir"] = os.path.join(scratch, "rp")
+        scratch, knobs = None, {}
+        if name == "radical":
+            if "sandbox_dir" not in options:
+                # RP's files go to a directory of the tests' choosing (test_radical.py
+                # checks that all of them do, and that the runtime removes it).
+                scratch = tempfile.mkdtemp(prefix="hetflow-shared-")
+                options["sandbox_dir"] = os.path.join(scratch, "rp")
+            # Its RAPTOR master drops its first queue announcement: the loss
+            # executors/_raptor_master.py survives, made to happen on every run.
+            knobs = {MASTER_KNOB: "1"}
         life = Life(children={p.pid for p in psutil.Process().children(recursive=True)},
                     environ=dict(os.environ), scratch=scratch)
         context = hetflow.runtime(name, **options)
+        os.environ.update(knobs)
         try:
             dfk = context.__enter__()
         except Exception as exc:
@@ -210,6 +218,9 @@ class SharedRuntime:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
             raise
+        finally:
+            for key in knobs:
+                os.environ.pop(key, None)
         life.executor, life.token = dfk.executors[name], dfk.hetflow_token
         self.name, self._context, self._life = name, context, life
 

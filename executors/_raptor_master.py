@@ -1,0 +1,71 @@
+"""hetflow's RAPTOR master: RP's own, except that it announces its task queue to the agent's
+scheduler again and again until its first task arrives.
+
+RP's master announces its queue once (``rp.raptor.Master.__init__``: connect, sleep a second,
+publish ``register_raptor_queue`` on the control pubsub). A ZeroMQ PUB socket drops what it
+sends before its subscriptions have reached it, and on a loaded node that can take more than
+the second: the scheduler then holds every task for this master forever. CI saw it: the
+runtime's start-up probe sat in ``AGENT_SCHEDULING`` until ``startup_timeout``. The scheduler
+takes a repeated announcement as a new one (it replaces its putter for the queue and relays
+the tasks it holds), so announcing again is safe; it stops with the first task, which
+hetflow's probe sends at once.
+
+RP loads this file by path in the pilot (the master task's ``raptor_file``; the runtime
+stages it into the master's sandbox): it imports nothing from hetflow.
+
+``HETFLOW_RAPTOR_DROP_ANNOUNCEMENTS=N`` in the master's environment drops its first N
+announcements: the loss above, made to happen (the tests' shared pilot runs with it).
+"""
+import os
+import threading
+
+import radical.pilot as rp
+import radical.utils as ru
+
+#: Seconds between announcements, and how long to keep announcing without a task.
+REPEAT_S, GIVE_UP_S = 2.0, 600.0
+REGISTER = "register_raptor_queue"
+
+
+class Master(rp.raptor.Master):
+
+    def __init__(self, *args, **kwargs):
+        self._served = threading.Event()
+        self._drop = int(os.environ.get("HETFLOW_RAPTOR_DROP_ANNOUNCEMENTS") or 0)
+        super().__init__(*args, **kwargs)
+
+    def publish(self, pubsub, msg, topic=None):
+        if isinstance(msg, dict) and msg.get("cmd") == REGISTER:
+            if self._drop > 0:
+                self._drop -= 1
+                self._log.info("hetflow: dropped announcement (%d more to drop)", self._drop)
+            else:
+                super().publish(pubsub, msg, topic)
+            threading.Thread(target=self._announce, args=(pubsub, msg), daemon=True,
+                             name="hetflow-announce").start()
+            return
+        super().publish(pubsub, msg, topic)
+
+    def request_cb(self, tasks):
+        self._served.set()
+        return super().request_cb(tasks)
+
+    def _announce(self, pubsub, msg):
+        """Announce on a socket of this thread's own (ZeroMQ sockets are not thread-safe)
+        every REPEAT_S until a task has arrived."""
+        try:
+            publisher = ru.zmq.Publisher(channel=pubsub,
+                                         url=self._reg[f"bridges.{pubsub}"]["addr_pub"])
+            for _ in range(int(GIVE_UP_S / REPEAT_S)):
+                if self._served.wait(REPEAT_S):
+                    return
+                if self._drop > 0:
+                    self._drop -= 1
+                    self._log.info("hetflow: dropped announcement (%d more to drop)", self._drop)
+                    continue
+                self._log.warning("hetflow: no task %.0f s after announcing the queue: "
+                                  "announcing it again", REPEAT_S)
+                publisher.put(pubsub, msg)
+            self._log.warning("hetflow: no task in %d s: stopped announcing", GIVE_UP_S)
+        except Exception:  # noqa: BLE001 - RP's own single announcement still stands
+            self._log.exception("hetflow: announcing the queue failed")
