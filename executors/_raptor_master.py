@@ -4,14 +4,15 @@ scheduler again and again until its first task arrives.
 RP's master announces its queue once (``rp.raptor.Master.__init__``: connect, sleep a second,
 publish ``register_raptor_queue`` on the control pubsub). A ZeroMQ PUB socket drops what it
 sends before its subscriptions have reached it, and on a loaded node that can take more than
-the second: the scheduler then holds every task for this master forever. CI saw it: the
-runtime's start-up probe sat in ``AGENT_SCHEDULING`` until ``startup_timeout``. The scheduler
-takes a repeated announcement as a new one (it replaces its putter for the queue and relays
-the tasks it holds), so announcing again is safe; it stops with the first task, which
-hetflow's probe sends at once.
+the second: the scheduler then holds every task for this master forever. That is the
+symptom CI showed once: the runtime's start-up probe sat in ``AGENT_SCHEDULING`` (where the
+scheduler keeps tasks for a master it has not heard of) until ``startup_timeout``. The
+scheduler takes a repeated announcement as a new one (it replaces its putter for the queue
+and relays the tasks it holds), so announcing again is safe; it stops with the first task,
+which hetflow's probe sends at once.
 
-RP loads this file by path in the pilot (the master task's ``raptor_file``; the runtime
-stages it into the master's sandbox): it imports nothing from hetflow.
+RP loads this file by path in the pilot (the master task's ``raptor_file``, this file in
+hetflow's install): it imports nothing from hetflow.
 
 ``HETFLOW_RAPTOR_DROP_ANNOUNCEMENTS=N`` in the master's environment drops its first N
 announcements: the loss above, made to happen (the tests' shared pilot runs with it).
