@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 
 import psutil
 
+from hetflow._private import within
 from hetflow.executors.launch import kill_tree
 
 
@@ -71,7 +72,7 @@ def session_processes(base: str) -> List[psutil.Process]:
                 continue
             cwd = proc.cwd() or ""
             pilot_base = proc.environ().get("RADICAL_PILOT_BASE") or ""
-            if any(path == base or path.startswith(base + os.sep) for path in (cwd, pilot_base)):
+            if within(cwd, base) or within(pilot_base, base):
                 found.append(proc)
         except (psutil.Error, OSError):
             pass

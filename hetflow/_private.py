@@ -1,4 +1,5 @@
-"""Owner-only files: the umask a runtime's processes run with, and private dirs.
+"""Owner-only files: the umask a runtime's processes run with, private dirs, and what lies
+under one.
 
 Core and every runtime use these (``hetflow.runtime``, ``executors/taskdir.py``);
 imports nothing heavy: ranks read it.
@@ -75,3 +76,9 @@ def private_dir(path: str) -> str:
     os.makedirs(path, mode=0o700, exist_ok=True)
     os.chmod(path, 0o700)
     return path
+
+
+def within(path: str, root: str) -> bool:
+    """Whether the absolute ``path`` is ``root`` or lies under it (by name: ``root + "x"``,
+    a sibling, does not)."""
+    return path == root or path.startswith(root + os.sep)

@@ -100,7 +100,7 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
         from hetflow.journal import Journal
 
         memoizer = Journal(checkpoint)
-    from hetflow._private import private_dir, private_umask
+    from hetflow._private import private_dir, private_umask, within
 
     owned = run_dir is None
     # mkdtemp makes the dir 0700; a given run_dir is made (or tightened to) 0700 too:
@@ -123,8 +123,7 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
     except BaseException as exc:
         guardian.stop()
         if owned and not keep_run_dir:
-            logs = [p for p in getattr(exc, "logs", ()) if _inside(str(p), base)]
-            if logs:
+            if any(within(str(p), base) for p in getattr(exc, "logs", ())):
                 # The error points at logs in the run dir (a launcher's stderr, a pilot's
                 # sandbox): they are what explains it, so the run dir stays.
                 exc.add_note(f"hetflow kept the run dir {base} for these logs; remove it "
@@ -142,9 +141,3 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
             guardian.stop()
             if owned and not keep_run_dir:
                 shutil.rmtree(base, ignore_errors=True)
-
-
-def _inside(path: str, root: str) -> bool:
-    path, root = os.path.abspath(path), os.path.abspath(root)
-    return path == root or path.startswith(root + os.sep)
-
