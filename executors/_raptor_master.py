@@ -37,10 +37,7 @@ class Master(rp.raptor.Master):
 
     def publish(self, pubsub, msg, topic=None):
         if isinstance(msg, dict) and msg.get("cmd") == REGISTER:
-            if self._drop > 0:
-                self._drop -= 1
-                self._log.info("hetflow: dropped announcement (%d more to drop)", self._drop)
-            else:
+            if not self._dropped():
                 super().publish(pubsub, msg, topic)
             threading.Thread(target=self._announce, args=(pubsub, msg), daemon=True,
                              name="hetflow-announce").start()
@@ -51,6 +48,14 @@ class Master(rp.raptor.Master):
         self._served.set()
         return super().request_cb(tasks)
 
+    def _dropped(self) -> bool:
+        """Whether this announcement is one the test knob drops (counted off)."""
+        if self._drop <= 0:
+            return False
+        self._drop -= 1
+        self._log.info("hetflow: dropped announcement (%d more to drop)", self._drop)
+        return True
+
     def _announce(self, pubsub, msg):
         """Announce on a socket of this thread's own (ZeroMQ sockets are not thread-safe)
         every REPEAT_S until a task has arrived."""
@@ -60,9 +65,7 @@ class Master(rp.raptor.Master):
             for _ in range(int(GIVE_UP_S / REPEAT_S)):
                 if self._served.wait(REPEAT_S):
                     return
-                if self._drop > 0:
-                    self._drop -= 1
-                    self._log.info("hetflow: dropped announcement (%d more to drop)", self._drop)
+                if self._dropped():
                     continue
                 self._log.warning("hetflow: no task %.0f s after announcing the queue: "
                                   "announcing it again", REPEAT_S)

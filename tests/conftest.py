@@ -26,9 +26,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-#: The radical runtime's fault-injection knob (see SharedRuntime.use).
-MASTER_KNOB = "HETFLOW_RAPTOR_DROP_ANNOUNCEMENTS"
-
 #: Executor name -> the options the tests start it with (4 rank slots on this 2-core
 #: machine, so 3-rank tasks and heterogeneous pairs fit; oversubscribed on purpose).
 EXECUTOR_OPTIONS = {
@@ -195,6 +192,7 @@ class SharedRuntime:
         import psutil
 
         import hetflow
+        from hetflow.executors.radical import MASTER_KNOB
 
         options = dict(EXECUTOR_OPTIONS[name])
         scratch, knobs = None, {}

@@ -82,7 +82,7 @@ def test_rp_files_all_go_to_the_sandbox_dir_and_a_lost_announcement_is_survived(
     assert os.listdir(os.path.join(sandbox, "sandbox"))
     assert session_processes(sandbox), "the pilot's processes should be found"
     assert set(ex.timings) >= {"session_s", "pilot_s", "raptor_s"}
-    # Its RAPTOR master dropped its first queue announcement (conftest.MASTER_KNOB), as a
+    # Its RAPTOR master dropped its first queue announcement (MASTER_KNOB, set by conftest), as a
     # ZeroMQ PUB socket does under load, and announced again: the pilot runs.
     (log,) = glob.glob(os.path.join(ex.sandbox, "*", "*", "pilot.0000", "raptor.0000.log"))
     assert "announcing it again" in open(log).read()
