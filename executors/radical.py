@@ -326,11 +326,10 @@ class RadicalExecutor(Executor):
                               resources=Resources(ranks=self.max_ranks)).dumps()
         rp_task = self._raptor.submit_tasks(
             [self._function_description(payload, taskdir, self.max_ranks)])[0]
-        final = [rp.DONE, rp.FAILED, rp.CANCELED]
         deadline = time.time() + self.startup_timeout
-        while rp_task.state not in final and time.time() < deadline:
-            rp_task.wait(final, timeout=1)
-            if self._raptor.state in final:     # the master died: nothing will run it
+        while rp_task.state not in _FINAL and time.time() < deadline:
+            rp_task.wait(list(_FINAL), timeout=1)
+            if self._raptor.state in _FINAL:    # the master died: nothing will run it
                 raise LaunchError(f"RAPTOR master is {self._raptor.state} before it ran a "
                                   f"task: {_text(self._raptor.stderr)[-2000:]}", logs=[self.sandbox])
         if rp_task.state != rp.DONE:
