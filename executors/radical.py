@@ -70,6 +70,9 @@ MODES = ("auto", "raptor", "exec")
 #: fault executors/_raptor_master.py survives (the tests' shared pilot runs with it).
 MASTER_KNOB = "HETFLOW_RAPTOR_DROP_ANNOUNCEMENTS"
 _FINAL = ("DONE", "FAILED", "CANCELED")
+#: Seconds to wait for RP to cancel the pilot at close (it takes ~6 s; an agent that never
+#: came up never answers, and hetflow then kills the pilot's processes itself).
+CANCEL_WAIT_S = 60
 _WORKER_LOST = "the RAPTOR MPI worker running this task was lost"
 
 
@@ -365,7 +368,9 @@ class RadicalExecutor(Executor):
             kill_tree(root)   # don't wait for RP to wind the worker down
         if self._session is not None:
             try:
-                self._pmgr.cancel_pilots()
+                # Bounded: a pilot whose agent never came up cannot report CANCELED, and
+                # RP's wait has no end by default; what is left is killed below.
+                self._pmgr.cancel_pilots(_timeout=CANCEL_WAIT_S)
             except Exception:  # noqa: BLE001 - best effort: the pilot may be gone already
                 pass
             try:
