@@ -409,3 +409,31 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300, cwd=HERE)
     assert done.returncode == 0 and "ok" in done.stdout, done.stdout + done.stderr
+
+
+# ----------------------------------------------------------------------------- the pool's MAC
+def test_pool_mac_is_hmac_sha256_of_the_documented_layout():
+    """The signer's HMAC (its keyed states made once) is the standard library's, over the
+    direction, the part lengths, the identity and the frames; any change breaks it."""
+    import hmac
+    import struct
+
+    from hetflow.executors import _pool_wire as wire
+
+    ident = wire.identity(0, 1)
+    for key in (os.urandom(32), os.urandom(100)):          # 100: longer than SHA-256's block
+        signer = wire.Signer(key)
+        for size in (0, 300, 3000, 70_000):
+            frames = [wire.TASK, os.urandom(size), memoryview(os.urandom(size // 2 + 1))]
+            parts = [ident, *map(bytes, frames)]
+            head = wire.TO_RANK + struct.pack(f"<{len(parts)}Q", *map(len, parts))
+            expected = hmac.digest(key, head + b"".join(parts), "sha256")
+            message = signer.sign(wire.TO_RANK, ident, frames)
+            assert message[0] == expected
+            assert signer.check(wire.TO_RANK, ident, message) == frames
+            assert signer.check(wire.TO_POOL, ident, message) is None          # reflected
+            assert signer.check(wire.TO_RANK, wire.identity(0, 1), message) is None
+            moved = [message[0], frames[0], bytes(frames[1]) + bytes(frames[2])[:1],
+                     bytes(frames[2])[1:]]                  # same bytes, other frame cuts
+            assert signer.check(wire.TO_RANK, ident, moved) is None
+            assert wire.Signer(os.urandom(32)).check(wire.TO_RANK, ident, message) is None
