@@ -129,8 +129,13 @@ def test_worker_launcher_is_found_in_this_runtimes_sandbox_only(tmp_path):
         hostfile.touch()
         launchers[run] = subprocess.Popen([str(fake), "-np", "2", "-f", str(hostfile)])
     try:
-        for launcher in launchers.values():
-            while psutil.Process(launcher.pid).name() != "mpiexec":   # exec'd
+        for run, launcher in launchers.items():
+            # exec'd: its name, and then its arguments. The kernel names the process
+            # before it lays out the new arguments, and a cmdline read in between is
+            # empty (a run of the suite caught that window).
+            proc = psutil.Process(launcher.pid)
+            while proc.name() != "mpiexec" or f"{os.sep}{run}{os.sep}" not in " ".join(
+                    proc.cmdline()):
                 time.sleep(0.01)
         for run, launcher in launchers.items():
             sandbox = str(tmp_path / run / "sandbox") + os.sep
