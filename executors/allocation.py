@@ -114,6 +114,21 @@ def check_request(request: dict) -> dict:
     return dict(request)
 
 
+def time_limit_s(limit, runtime: str) -> int:
+    """A pilot's Slurm time limit (``time`` of its request), minutes (``30``, ``"30"``) or
+    ``"HH:MM:SS"``, in seconds; anything else is a ``ConfigError`` naming ``runtime``."""
+    text = str(limit).strip()
+    parts = text.split(":")
+    if len(parts) not in (1, 3) or not all(p.isdigit() for p in parts):
+        from hetflow.errors import ConfigError
+        raise ConfigError(f"slurm time must be minutes or 'HH:MM:SS' for {runtime}, "
+                          f"got {limit!r}")
+    if len(parts) == 1:
+        return int(text) * 60
+    hours, minutes, seconds = map(int, parts)
+    return hours * 3600 + minutes * 60 + seconds
+
+
 def request_slots(request: dict) -> int:
     """Rank slots a request asks for: ``ntasks``, else its nodes' CPUs (``sinfo``)."""
     return request.get("ntasks") or (

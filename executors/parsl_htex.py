@@ -357,14 +357,10 @@ class _PrivateSlurmProvider(SlurmProvider):
 
 
 def _hours_minutes_seconds(limit) -> str:
-    """A Slurm time limit in minutes (``30``, ``"30"``) or ``"HH:MM:SS"``, as the
-    ``HH:MM:SS`` SlurmProvider takes."""
-    text = str(limit).strip()
-    if text.isdigit():
-        return f"{int(text) // 60:02d}:{int(text) % 60:02d}:00"
-    if len(text.split(":")) == 3 and all(p.isdigit() for p in text.split(":")):
-        return text
-    raise ConfigError(f"slurm time must be minutes or 'HH:MM:SS' for parsl, got {limit!r}")
+    """A Slurm time limit (see ``allocation.time_limit_s``) as the ``HH:MM:SS``
+    SlurmProvider takes."""
+    total = allocation.time_limit_s(limit, "parsl")
+    return f"{total // 3600:02d}:{total % 3600 // 60:02d}:{total % 60:02d}"
 
 
 def _slurm_provider(request: dict, slots: int) -> SlurmProvider:

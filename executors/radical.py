@@ -666,14 +666,8 @@ def kill_tree_of(taskdir: str) -> None:
 
 
 def _minutes(limit) -> int:
-    """A Slurm time limit in minutes (``30``) or ``"HH:MM:SS"``, in whole minutes."""
-    text = str(limit).strip()
-    parts = text.split(":")
-    if not all(p.isdigit() for p in parts) or len(parts) not in (1, 3):
-        raise ConfigError(f"slurm time must be minutes or 'HH:MM:SS' for radical, got {limit!r}")
-    if len(parts) == 1:
-        return int(text)
-    return max(1, int(parts[0]) * 60 + int(parts[1]) + (int(parts[2]) > 0))
+    """A Slurm time limit (see ``allocation.time_limit_s``) in whole minutes, rounded up."""
+    return max(1, -(-batch.time_limit_s(limit, "radical") // 60))
 
 
 def slurm_resource_config(cpus: int, cores: int, request: dict, tmpdir: str) -> dict:
