@@ -24,6 +24,11 @@ from hetflow.executors.taskdir import PRIVATE_UMASK, TaskDir, private_dir
 from hetflow.executors.watch import EVIDENCE_GRACE_S
 
 
+#: How long the pool waits for a world's launcher to exit once a rank of it was taken
+#: down by it (see :meth:`Worlds.taken_down`), before it treats the rank as simply dead.
+TEARDOWN_GRACE_S = 10.0
+
+
 @dataclass
 class Slot:
     """One registered rank of a world."""
@@ -54,6 +59,7 @@ class World:
     slot_ids: Dict[int, int] = field(default_factory=dict)   # world rank -> slot
     started: float = field(default_factory=time.monotonic)
     retiring: bool = False
+    going_down: Optional[float] = None   # when a rank was first seen taken down (teardown)
     comm_keys: set = field(default_factory=set)
     cores: List[int] = field(default_factory=list)   # core index by world rank (pinning)
 
@@ -167,6 +173,18 @@ class Worlds:
             # record in the shared state dir says so at once.
             return False
         return not self._awaiting_evidence(world, slot, now)
+
+    def taken_down(self, world: World, slot: Slot) -> bool:
+        """A dead rank ended together with its supervisor, and nobody recorded how: its
+        launcher ended it. MPICH's Hydra keeps a world up after one rank died
+        (``-disable-auto-cleanup``) but ends all of it once a second one has (measured with
+        MPICH 5.0.2): its other ranks go down through no fault of their own, a moment
+        before the launcher itself exits. (A rank killed on its own leaves its supervisor
+        to record the signal; one stopped with its supervisor from outside is treated as
+        taken down until :data:`TEARDOWN_GRACE_S` has passed without the launcher exiting.)"""
+        return (slot.host == self.hostname and bool(slot.supervisor)
+                and ended(slot.supervisor) and world.taskdir.load_status(slot.pid) is None
+                and slot.wrank not in world.taskdir.own_deaths())
 
     def _awaiting_evidence(self, world: World, slot: Slot, now: float) -> bool:
         if slot.host != self.hostname or not slot.supervisor:

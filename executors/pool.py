@@ -8,7 +8,8 @@ runner, so values and errors are those of every other executor. No process
 launch, no interpreter start per task.
 
 Faults. The world runs with Hydra's ``-disable-auto-cleanup``, so one rank's
-death does not take the others down. The pool notices a dead rank (its pid is
+death does not take the others down (a second one does: Hydra then ends the world,
+see ``Worlds.taken_down``). The pool notices a dead rank (its pid is
 gone, its launcher exited, or its heartbeats stopped), fails the task that killed
 it with :class:`~hetflow.TaskLost` naming that rank and how it ended (each rank's
 supervisor process records its exit code or signal: Hydra reports nothing until
@@ -55,7 +56,8 @@ from hetflow.executors import _pool_wire as wire
 from hetflow.executors._pool_faults import RunningTask, settle_lost
 from hetflow.executors._pool_sched import PoolScheduler
 from hetflow.executors.allocation import BatchAllocation, partition_cpus_per_node
-from hetflow.executors._pool_worlds import Slot, World, Worlds, launcher_prefix
+from hetflow.executors._pool_worlds import (TEARDOWN_GRACE_S, Slot, World, Worlds,
+                                             launcher_prefix)
 from hetflow.executors._rank import collect
 from hetflow.executors.kernel import Executor, Task
 from hetflow._progress import waiting
@@ -645,6 +647,15 @@ class PoolExecutor(Executor):
                             f"with {world.unregistered} rank(s) unregistered:\n{text}")
             dead = [s.id for s in self._mpi.slots_of(world)
                     if s.alive and (exited or self._mpi.dead(world, s, now))]
+            if dead and not exited:
+                # Ranks their launcher took down: the world is going down (Hydra ends it
+                # once a second rank died). Their tasks are not to blame: wait for the
+                # launcher's exit, which makes them collateral (re-queued) below.
+                down = [s for s in dead if self._mpi.taken_down(world, self._mpi.slots[s])]
+                if down:
+                    world.going_down = world.going_down or now
+                    if now - world.going_down < TEARDOWN_GRACE_S:
+                        dead = [s for s in dead if s not in down]
             if dead:
                 self._lost(dead, f"world {world.id} exited (code {world.proc.returncode})"
                            if exited else "rank process died", collateral=exited)

@@ -234,6 +234,41 @@ def test_tasks_killed_with_their_world_are_requeued_not_failed():
         assert any("re-queued" in e for e in executor.events)
 
 
+def test_a_world_hydra_takes_down_requeues_the_task_on_its_other_rank(tmp_path):
+    """MPICH's Hydra keeps a world up after one rank died (``-disable-auto-cleanup``) but
+    ends all of it when a second one dies. A task on a third rank of that world goes down
+    before the launcher exits; it is not its fault: it runs again elsewhere. Here the
+    launcher lingers 4 s after the world ended (a wrapper around mpiexec): the pool sees
+    the task's rank gone long before the launcher's exit, the window in which it used to
+    fail the task with TaskLost (a suite run caught it, with the pool's own walltime
+    kills as the two deaths)."""
+    from hetflow.executors.launch import default_mpiexec
+
+    lingering = tmp_path / "mpiexec"
+    lingering.write_text(f'#!/bin/sh\n"{default_mpiexec()}" "$@"\nrc=$?\n'
+                         '[ "$rc" -eq 0 ] || sleep 4\nexit "$rc"\n')
+    lingering.chmod(0o700)
+    started, release = str(tmp_path / "s"), str(tmp_path / "r")
+    with pool(mpiexec=str(lingering)) as executor:
+        fut = hold.options(ranks=1)(started, release, value="second try")
+        wait_for(started)
+        (world,) = executor._worlds.values()
+        idle = [s.pid for s in executor._slots.values() if s.task is None]
+        assert len(idle) == 3, executor._slots
+        executor.remember()
+        os.remove(started)
+        for pid in idle[:2]:                               # two ranks die: Hydra ends the world
+            with contextlib.suppress(ProcessLookupError):  # (it may have ended it already)
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.3)
+        wait_for(started)                                  # ...and the task starts again
+        open(release, "w").close()
+        assert fut.result(timeout=60)[0][3] == "second try"
+        assert world.proc.poll() is not None
+        assert any("re-queued" in e for e in executor.events), executor.events
+        executor.remember()
+
+
 # ----------------------------------------------------------------------------- resident data
 @hetflow.mpi_app(ranks=2)
 def make_part(comm, rows):
