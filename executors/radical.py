@@ -38,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from importlib import resources as importlib_resources
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import psutil
 
@@ -70,10 +70,24 @@ MODES = ("auto", "raptor", "exec")
 #: fault executors/_raptor_master.py survives (the tests' shared pilot runs with it).
 MASTER_KNOB = "HETFLOW_RAPTOR_DROP_ANNOUNCEMENTS"
 _FINAL = ("DONE", "FAILED", "CANCELED")
+#: States of a task the agent holds but has not placed yet.
+_UNPLACED = ("AGENT_STAGING_INPUT_PENDING", "AGENT_STAGING_INPUT", "AGENT_SCHEDULING_PENDING",
+             "AGENT_SCHEDULING")
+#: A RAPTOR master the pilot's agent has not placed this long after it was submitted: the
+#: agent's scheduler is stuck, and the pilot is started once more (see ``_start_runtime``).
+SCHEDULER_STUCK_S = 60.0
+#: When set, a runtime's first RAPTOR master asks for a named environment nobody
+#: registers, so the agent's scheduler holds it as a stuck one would (the tests' shared
+#: pilot starts with it, and survives it).
+STUCK_KNOB = "HETFLOW_RADICAL_HOLD_FIRST_MASTER"
 #: Seconds to wait for RP to cancel the pilot at close (it takes ~6 s; an agent that never
 #: came up never answers, and hetflow then kills the pilot's processes itself).
 CANCEL_WAIT_S = 60
 _WORKER_LOST = "the RAPTOR MPI worker running this task was lost"
+
+
+class _SchedulerStuck(LaunchError):
+    """The pilot's agent never placed the RAPTOR master (see ``_start_runtime``)."""
 
 
 @dataclass
@@ -147,6 +161,8 @@ class RadicalExecutor(Executor):
         self.startup_timeout = startup_timeout
         #: Seconds each start-up / close phase took (session, pilot, raptor, close).
         self.timings: Dict[str, float] = {}
+        #: Why each abandoned pilot start was abandoned (see ``_start_runtime``).
+        self.restarts: List[str] = []
         self.rank_env: Dict[str, str] = {}          # environment RP tasks (the ranks) get
         self._running: Dict[str, Task] = {}         # RP uid -> task, under self._lock
         self._uid_counter = itertools.count()
@@ -166,7 +182,19 @@ class RadicalExecutor(Executor):
         self._set_environment()
         self._rp_before = rp_zmq_objects()
         try:
-            self._start_pilot()
+            try:
+                self._start_pilot()
+            except _SchedulerStuck as exc:
+                # RP's agent schedules in a process it forks from a threaded component
+                # (radical/pilot/agent/scheduler/base.py); now and then that process never
+                # takes a task, and every task of the pilot then waits forever. A new pilot
+                # has a new one: start once more (a second failure is the error).
+                logger.warning("%s; starting a new pilot (once)", str(exc).splitlines()[0])
+                self.restarts.append(str(exc).splitlines()[0])
+                self._close_session()
+                self._set_environment()
+                self._rp_before = rp_zmq_objects()
+                self._start_pilot()
         except BaseException:
             self._close_session()
             raise
@@ -297,11 +325,14 @@ class RadicalExecutor(Executor):
         rp = import_rp()
 
         environment = {key: os.environ[key] for key in (MASTER_KNOB,) if os.environ.get(key)}
-        return rp.TaskDescription({
+        description = {
             "mode": rp.RAPTOR_MASTER, "raptor_class": "Master",
             "raptor_file": os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                         "_raptor_master.py"),
-            "environment": environment})
+            "environment": environment}
+        if os.environ.get(STUCK_KNOB) and not self.restarts:
+            description["named_env"] = "hetflow-never-registered"
+        return rp.TaskDescription(description)
 
     def _start_worker(self) -> None:
         rp = import_rp()
@@ -329,12 +360,18 @@ class RadicalExecutor(Executor):
                               resources=Resources(ranks=self.max_ranks)).dumps()
         rp_task = self._raptor.submit_tasks(
             [self._function_description(payload, taskdir, self.max_ranks)])[0]
-        deadline = time.time() + self.startup_timeout
+        t0 = time.time()
+        deadline = t0 + self.startup_timeout
         while rp_task.state not in _FINAL and time.time() < deadline:
             rp_task.wait(list(_FINAL), timeout=1)
             if self._raptor.state in _FINAL:    # the master died: nothing will run it
                 raise LaunchError(f"RAPTOR master is {self._raptor.state} before it ran a "
                                   f"task: {_text(self._raptor.stderr)[-2000:]}", logs=[self.sandbox])
+            if self._raptor.state in _UNPLACED and time.time() - t0 > SCHEDULER_STUCK_S:
+                raise _SchedulerStuck(
+                    f"RADICAL-Pilot's agent did not place the RAPTOR master within "
+                    f"{SCHEDULER_STUCK_S:.0f} s (state {self._raptor.state})",
+                    logs=[self.sandbox])
         if rp_task.state != rp.DONE:
             raise LaunchError(f"RAPTOR MPI worker of {self.max_ranks} ranks did not run a task "
                               f"(state {rp_task.state}): {rp_task.stderr}",

@@ -192,7 +192,7 @@ class SharedRuntime:
         import psutil
 
         import hetflow
-        from hetflow.executors.radical import MASTER_KNOB
+        from hetflow.executors import radical
 
         options = dict(EXECUTOR_OPTIONS[name])
         scratch, knobs = None, {}
@@ -204,11 +204,18 @@ class SharedRuntime:
                 options["sandbox_dir"] = os.path.join(scratch, "rp")
             # Its RAPTOR master drops its first queue announcement: the loss
             # executors/_raptor_master.py survives, made to happen on every run.
-            knobs = {MASTER_KNOB: "1"}
+            knobs = {radical.MASTER_KNOB: "1"}
+            if not os.environ.get("SLURM_JOB_ID"):
+                # And its first master is held unplaced, as a stuck agent scheduler holds
+                # it: the runtime gives up on that pilot after SCHEDULER_STUCK_S (10 s
+                # here) and starts a new one. Once per run (a pilot start is dear), on
+                # this host's pilot, not in the allocation tests' runs.
+                knobs[radical.STUCK_KNOB] = "1"
         life = Life(children={p.pid for p in psutil.Process().children(recursive=True)},
                     environ=dict(os.environ), scratch=scratch)
         context = hetflow.runtime(name, **options)
         os.environ.update(knobs)
+        stuck_s, radical.SCHEDULER_STUCK_S = radical.SCHEDULER_STUCK_S, 10.0
         try:
             dfk = context.__enter__()
         except Exception as exc:
@@ -217,6 +224,7 @@ class SharedRuntime:
                 shutil.rmtree(scratch, ignore_errors=True)
             raise
         finally:
+            radical.SCHEDULER_STUCK_S = stuck_s
             for key in knobs:
                 os.environ.pop(key, None)
         life.executor, life.token = dfk.executors[name], dfk.hetflow_token

@@ -68,7 +68,7 @@ def test_user_resource_config_dir_is_handed_to_rp(tmp_path):
 
 
 @pytest.mark.on_shared_runtime("radical")
-def test_rp_files_all_go_to_the_sandbox_dir_and_a_lost_announcement_is_survived(shared_executor):
+def test_rp_files_all_go_to_the_sandbox_dir_and_lost_starts_are_survived(shared_executor):
     # The shared pilot was started with sandbox_dir= (tests/conftest.py): RP's session
     # dir, pilot sandbox and task sandboxes all live there, its processes are found there.
     ex = shared_executor
@@ -86,6 +86,11 @@ def test_rp_files_all_go_to_the_sandbox_dir_and_a_lost_announcement_is_survived(
     # ZeroMQ PUB socket does under load, and announced again: the pilot runs.
     (log,) = glob.glob(os.path.join(ex.sandbox, "*", "*", "pilot.0000", "raptor.0000.log"))
     assert "announcing it again" in open(log).read()
+    # Its first pilot's master was held unplaced (STUCK_KNOB, set by conftest), as RP's agent
+    # scheduler now and then holds every task: the runtime started a second pilot, which runs.
+    assert len(ex.restarts) == 1 and "did not place the RAPTOR master" in ex.restarts[0], \
+        ex.restarts
+    assert len(glob.glob(os.path.join(ex.sandbox, "*", "rp.session.*"))) == 2
 
 
 @pytest.mark.after_shared_runtime
