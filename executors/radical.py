@@ -557,12 +557,19 @@ class RadicalExecutor(Executor):
         while not self._stopping:
             time.sleep(POLL_S)  # a SIGKILLed rank must be seen before Hydra stops its peers
             with self._lock:
-                running = [t for t in self._running.values()
+                running = [(uid, t) for uid, t in self._running.items()
                            if t.handle.path == "raptor" and t.error is None]
-            for task in running:
+            for uid, task in running:
+                with self._lock:
+                    if self._running.get(uid) is not task:
+                        # Reported, or recycled with an earlier task's worker in this very
+                        # pass and maybe re-queued under a new uid already: its task dir
+                        # still names the dead worker's ranks, and must not make it (and
+                        # the new worker) a victim too.
+                        continue
                 try:
                     if self._lost_or_stuck(task.handle):
-                        self._recycle(task)
+                        self._recycle(task, uid)
                 except Exception:  # the watchdog serves every task; it must live (logged)
                     logger.exception("watchdog could not check task %s; checking again", task.id)
 
@@ -599,14 +606,16 @@ class RadicalExecutor(Executor):
         # (RAPTOR at shutdown: the worker goes with the session.)
         self._complete(task, handle.taskdir.outcomes(), deaths=deaths)
 
-    def _recycle(self, task: Task) -> None:
+    def _recycle(self, task: Task, uid: Optional[str] = None) -> None:
         """Stop the RAPTOR worker, fail ``task``, restart the worker, rerun its neighbours.
 
-        The verdict is the kernel's (cancel, walltime) or else the ranks' reports,
-        read before the worker is killed (killing it ends every rank).
+        ``uid``: the RP task the caller saw fail (default: the task's current one); if the
+        task has moved on from it (re-queued), there is nothing to do. The verdict is the
+        kernel's (cancel, walltime) or else the ranks' reports, read before the worker is
+        killed (killing it ends every rank).
         """
         with self._lock:
-            if self._running.pop(task.handle.uid, None) is None:
+            if self._running.pop(uid or task.handle.uid, None) is None:
                 return       # reported, or recycled by another thread, meanwhile
             neighbours = [t for t in self._running.values() if t.handle.path == "raptor"]
             for t in neighbours:
