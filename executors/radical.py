@@ -189,8 +189,9 @@ class RadicalExecutor(Executor):
                 # (radical/pilot/agent/scheduler/base.py); now and then that process never
                 # takes a task, and every task of the pilot then waits forever. A new pilot
                 # has a new one: start once more (a second failure is the error).
-                logger.warning("%s; starting a new pilot (once)", str(exc).splitlines()[0])
-                self.restarts.append(str(exc).splitlines()[0])
+                why = str(exc).splitlines()[0]
+                logger.warning("%s; starting a new pilot (once)", why)
+                self.restarts.append(why)
                 self._close_session()
                 self._set_environment()
                 self._rp_before = rp_zmq_objects()
