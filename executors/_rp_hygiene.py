@@ -12,6 +12,7 @@ import gc
 import io
 import logging
 import os
+import threading
 from typing import Dict, List, Optional
 
 import psutil
@@ -100,6 +101,28 @@ def _is_rp_zmq(obj) -> bool:
     return isinstance(module, str) and module.startswith("radical.utils.zmq")
 
 
+def _stop_listeners(objs) -> None:
+    """End the threads that poll ``objs``' sockets (a ZMQ socket must not be closed under
+    another thread's poll): RP's subscribers each run one, its queue getters one per
+    address (the class's ``_callbacks``). Each polls 0.5 s between looks at its stop event;
+    all are told first, then joined."""
+    listeners = []
+    for obj in objs:
+        term, thread = getattr(obj, "_term", None), getattr(obj, "_thread", None)
+        if isinstance(thread, threading.Thread):
+            listeners.append((term, thread))
+        url, shared = getattr(obj, "_url", None), getattr(type(obj), "_callbacks", None)
+        entry = shared.get(url) if url and isinstance(shared, dict) else None
+        if isinstance(entry, dict) and isinstance(entry.get("thread"), threading.Thread):
+            listeners.append((entry.get("term"), entry["thread"]))
+    for term, _thread in listeners:
+        if isinstance(term, threading.Event):
+            term.set()
+    for _term, thread in listeners:
+        if thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+
 def release_client_handles(base: str, before: set) -> None:
     """Close what RP's client keeps open after ``session.close()`` (~80 descriptors).
 
@@ -114,9 +137,9 @@ def release_client_handles(base: str, before: set) -> None:
     import zmq
 
     shared = zmq.Context._instance            # RP's subscribers share it; it stays
-    for obj in gc.get_objects():
-        if id(obj) in before or not _is_rp_zmq(obj):
-            continue
+    ours = [obj for obj in gc.get_objects() if id(obj) not in before and _is_rp_zmq(obj)]
+    _stop_listeners(ours)
+    for obj in ours:
         values = []
         for value in getattr(obj, "__dict__", {}).values():
             values.extend(value if isinstance(value, (list, tuple)) else [value])

@@ -78,8 +78,10 @@ def mpiexec_command(mpiexec: str, ranks: int, extra: Sequence[str] = (),
     return cmd
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL a launcher and everything under it (Hydra proxies and ranks included)."""
+def kill_tree(pid: int, wait: bool = True) -> None:
+    """SIGKILL a launcher and everything under it (Hydra proxies and ranks included);
+    ``wait``: until they are gone (up to 5 s; a process that is not this one's child is
+    gone only once its own parent reaped it)."""
     import psutil   # here: only a kill needs the process tree (and ranks never import this module)
 
     try:
@@ -96,7 +98,8 @@ def kill_tree(pid: int) -> None:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(procs, timeout=5)
+    if wait:
+        psutil.wait_procs(procs, timeout=5)
 
 
 def ended(pid: int) -> bool:

@@ -403,16 +403,26 @@ class RadicalExecutor(Executor):
         t0 = time.time()
         root = self._worker_root or (self._worker_launcher({}) if self._session else None)
         if root is not None:
-            kill_tree(root)   # don't wait for RP to wind the worker down
+            # don't wait for RP to wind the worker down, nor for its agent to reap it
+            kill_tree(root, wait=False)
         if self._session is not None:
+            pilot_ended = False
             try:
-                # Bounded: a pilot whose agent never came up cannot report CANCELED, and
-                # RP's wait has no end by default; what is left is killed below.
-                self._pmgr.cancel_pilots(_timeout=CANCEL_WAIT_S)
+                if self.resource == LOCAL_RESOURCE:
+                    # The agent runs on this machine: it is seen to end (~1 s after the
+                    # cancel), where RP's pilot manager notices its pilot's end ~6 s later.
+                    self._pmgr.cancel_pilots(_timeout=0.1)   # sent; 0 would wait forever
+                    pilot_ended = _agent_ended_within(self.sandbox, CANCEL_WAIT_S)
+                else:
+                    # Bounded: a pilot whose agent never came up cannot report CANCELED,
+                    # and RP's wait has no end by default; what is left is killed below.
+                    self._pmgr.cancel_pilots(_timeout=CANCEL_WAIT_S)
             except Exception:  # noqa: BLE001 - best effort: the pilot may be gone already
                 pass
             try:
-                self._session.close(download=False)
+                # A pilot that has ended needs no cancel from the close (RP's would wait
+                # for its pilot manager to notice, up to 10 s).
+                self._session.close(download=False, terminate=not pilot_ended)
             except Exception:  # noqa: BLE001 - best effort: hetflow kills what is left
                 pass
             self._session = None
@@ -700,6 +710,30 @@ def _launcher_named(prefix: str, suffix: str) -> Optional[int]:
         except (psutil.Error, OSError):    # it ended meanwhile
             continue
     return None
+
+
+def _agent_ended_within(sandbox: str, timeout: float) -> bool:
+    """Whether the local pilot's agent in ``sandbox`` and all it started (their working
+    dirs are in it) end within ``timeout``. Its bootstrapper's shell is not waited for:
+    once the agent is gone it only sleeps in a poll loop (~6 s), and is ended with the
+    session's leftovers."""
+    deadline = time.monotonic() + timeout
+    while not all(_bootstrapper(proc) for proc in session_processes(sandbox)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _bootstrapper(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is RP's pilot bootstrapper (``bootstrap_0.sh``, its subshells and
+    the ``sleep`` of its poll loop), or has ended."""
+    try:
+        if proc.name() == "sleep":
+            proc = proc.parent()
+        return proc is None or any("bootstrap_0.sh" in part for part in proc.cmdline())
+    except psutil.Error:
+        return True
 
 
 def kill_tree_of(taskdir: str) -> None:

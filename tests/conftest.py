@@ -167,7 +167,7 @@ class SharedRuntime:
     """The one runtime the parity-style modules (parity, faults, foundation) share.
 
     Starting a runtime is most of what those modules cost on the slow runtimes (a
-    RADICAL-Pilot pilot: ~30 s to start, ~10 s to close), so each executor gets one
+    RADICAL-Pilot pilot: ~30 s to start, ~5 s to close), so each executor gets one
     life for all of them: ``runtime_param`` is session-scoped, which makes pytest run
     every module's tests on one executor together, and the runtime is closed as soon
     as the next test does not need it (``pytest_runtest_teardown``), so no other
