@@ -104,23 +104,29 @@ def _is_rp_zmq(obj) -> bool:
 def _stop_listeners(objs) -> None:
     """End the threads that poll ``objs``' sockets (a ZMQ socket must not be closed under
     another thread's poll): RP's subscribers each run one, its queue getters one per
-    address (the class's ``_callbacks``). Each polls 0.5 s between looks at its stop event;
-    all are told first, then joined."""
-    listeners = []
+    address. Each polls 0.5 s between looks at its stop event; all are told first, then
+    joined. A getter's listener, socket and callbacks live in a class-wide table keyed by
+    address (``Getter._callbacks``), which RP never clears: this session's entries are
+    removed, so that a later session whose bridge gets the same port starts afresh."""
+    listeners, tables = [], []
     for obj in objs:
         term, thread = getattr(obj, "_term", None), getattr(obj, "_thread", None)
         if isinstance(thread, threading.Thread):
             listeners.append((term, thread))
-        url, shared = getattr(obj, "_url", None), getattr(type(obj), "_callbacks", None)
-        entry = shared.get(url) if url and isinstance(shared, dict) else None
-        if isinstance(entry, dict) and isinstance(entry.get("thread"), threading.Thread):
-            listeners.append((entry.get("term"), entry["thread"]))
+        url, table = getattr(obj, "_url", None), getattr(type(obj), "_callbacks", None)
+        entry = table.get(url) if url and isinstance(table, dict) else None
+        if isinstance(entry, dict):
+            tables.append((table, url))
+            if isinstance(entry.get("thread"), threading.Thread):
+                listeners.append((entry.get("term"), entry["thread"]))
     for term, _thread in listeners:
         if isinstance(term, threading.Event):
             term.set()
     for _term, thread in listeners:
         if thread is not threading.current_thread():
             thread.join(timeout=5)
+    for table, url in tables:
+        table.pop(url, None)
 
 
 def release_client_handles(base: str, before: set) -> None:

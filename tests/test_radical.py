@@ -120,6 +120,44 @@ def test_rp_sandbox_removed_and_no_process_left(name):
         assert os.environ.get(key) == life.environ.get(key), key
 
 
+def test_rp_client_listeners_end_before_their_sockets_are_closed(tmp_path, monkeypatch, capfd):
+    # What a closed session leaves in the client, hetflow closes (release_client_handles).
+    # RP's subscribers and queue getters poll their sockets from threads of their own
+    # (0.5 s per poll). Closed under a poll, a socket ends its thread with 'listener died'
+    # (ZMQ sockets are not thread-safe): seen once the radical close got fast. A getter's
+    # listener also stays in RP's class-wide table by address, where a later session's
+    # getter on a reused port would find it, dead, with its closed socket.
+    import zmq
+    from radical.utils.zmq.pubsub import Subscriber
+    from radical.utils.zmq.queue import Getter
+
+    from hetflow.executors._rp_hygiene import release_client_handles, rp_zmq_objects
+
+    monkeypatch.chdir(tmp_path)                 # RP's loggers may write here
+    before = rp_zmq_objects()
+    ctx = zmq.Context()
+    pub, rep = ctx.socket(zmq.PUB), ctx.socket(zmq.REP)   # a bridge's two ends, silent
+    try:
+        sub = Subscriber("hetflow_test", url=f"tcp://127.0.0.1:"
+                         f"{pub.bind_to_random_port('tcp://127.0.0.1')}",
+                         topic="t", cb=lambda *args: None)
+        get = Getter("hetflow_test", url=f"tcp://127.0.0.1:"
+                     f"{rep.bind_to_random_port('tcp://127.0.0.1')}", cb=lambda *args: None)
+        threads = [sub._thread, Getter._callbacks[get._url]["thread"]]
+        assert all(thread.is_alive() for thread in threads)
+        release_client_handles(str(tmp_path / "base"), before)
+        for thread in threads:                  # ended by release_client_handles (joined)
+            thread.join(timeout=5)
+        assert sub._sock.closed and get._q.closed
+        assert get._url not in Getter._callbacks
+    finally:
+        pub.close(linger=0)
+        rep.close(linger=0)
+        ctx.term()
+    out, err = capfd.readouterr()
+    assert "listener died" not in out + err and "Traceback" not in out + err, out + err
+
+
 def test_worker_launcher_is_found_in_this_runtimes_sandbox_only(tmp_path):
     # RP names a RAPTOR worker's hostfile after the worker's uid, the same in every
     # session ("raptor.0000.0000"): looking for a worker's mpiexec by that name alone
