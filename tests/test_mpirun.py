@@ -123,36 +123,3 @@ def test_scheduler_backfill_is_bounded():
     assert [item for item, _ in sched.pop_ready()] == ["small1"]
     assert sched.pop_ready() == []  # the big task may not be bypassed again
 
-
-@hetflow.mpi_app(ranks=2, walltime=5)
-def hold_and_list_shm(comm, marks):
-    # the named shared-memory segments this rank has mapped (MPICH's: /dev/shm/mpich_shm_*)
-    with open("/proc/self/maps") as fh:
-        names = sorted({line.split(None, 5)[5].strip() for line in fh
-                        if "/dev/shm/mpich_shm_" in line})
-    mark = os.path.join(marks, f"shm-{comm.Get_rank()}")
-    with open(mark + ".tmp", "w") as fh:
-        fh.write("\n".join(names))
-    os.replace(mark + ".tmp", mark)                        # whole, or not there
-    time.sleep(120)
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("name", ["mpirun", "pool"])
-def test_a_killed_world_leaves_nothing_in_dev_shm(name, tmp_path):
-    # MPICH removes the /dev/shm segments of a node's ranks at MPI_Finalize, which a killed
-    # rank never reaches: every walltime, cancel or crash left one for good (RAM, until a
-    # reboot; ~180 per suite run filled this machine's 24 GB and the OOM killer ended the
-    # test workers). The rank runner unlinks their names once every rank has mapped them.
-    # (Both the launch-per-task runner, shared by mpirun, parsl and slurm, and the pool's.)
-    with hetflow.runtime(name, max_ranks=4):
-        fut = hold_and_list_shm(str(tmp_path))
-        deadline = time.time() + 60
-        while len(list(tmp_path.glob("shm-?"))) < 2 and time.time() < deadline:
-            time.sleep(0.05)
-        with pytest.raises(hetflow.WalltimeExceeded):
-            fut.result(timeout=60)
-    names = {n for f in tmp_path.glob("shm-?") for n in f.read_text().split("\n") if n}
-    assert names, "MPICH mapped no named segment: the mpich wheel's MPI is expected here"
-    assert all(n.endswith(" (deleted)") for n in names), names     # unlinked while running
-    assert not [n for n in names if os.path.exists(n.removesuffix(" (deleted)"))]
