@@ -82,8 +82,10 @@ import hetflow
 @hetflow.mpi_app(ranks=2)
 def hold(comm, marks):
     import socket
-    with open(os.path.join(marks, f"rank-{comm.Get_rank()}"), "w") as fh:
+    mark = os.path.join(marks, f"rank-{comm.Get_rank()}")
+    with open(mark + ".tmp", "w") as fh:
         fh.write(json.dumps([os.getpid(), socket.gethostname()]))
+    os.replace(mark + ".tmp", mark)        # whole, or not there: the driver reads it at once
     time.sleep(120)
     comm.Barrier()
 
@@ -96,7 +98,7 @@ marks = sys.argv[1]
 launcher = ["srun", "--ntasks={ranks}", "--kill-on-bad-exit=0"]
 with hetflow.runtime("pool", launcher=launcher, start_timeout=60) as dfk:
     fut = hold(marks)
-    while len([n for n in os.listdir(marks) if n.startswith("rank-")]) < 2:
+    while len([n for n in os.listdir(marks) if n.startswith("rank-") and "." not in n]) < 2:
         time.sleep(0.02)
     pid, host = json.load(open(os.path.join(marks, "rank-1")))
     killed = time.time()
