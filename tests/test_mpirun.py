@@ -122,4 +122,3 @@ def test_scheduler_backfill_is_bounded():
     sched.free = [0]  # one slot busy
     assert [item for item, _ in sched.pop_ready()] == ["small1"]
     assert sched.pop_ready() == []  # the big task may not be bypassed again
-
