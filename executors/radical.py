@@ -26,6 +26,7 @@ processes, descriptors and environment is :mod:`hetflow.executors._rp_hygiene`.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import itertools
 import json
 import logging
@@ -80,14 +81,31 @@ SCHEDULER_STUCK_S = 60.0
 #: registers, so the agent's scheduler holds it as a stuck one would (the tests' shared
 #: pilot starts with it, and survives it).
 STUCK_KNOB = "HETFLOW_RADICAL_HOLD_FIRST_MASTER"
+#: A pilot's agent that has been up this long (its ``agent_0.prof`` is there; the agent
+#: opens it after starting its bridges and components, ~2 s before it reports itself
+#: active) without reporting ``PMGR_ACTIVE`` has stalled in its start-up, and the pilot is
+#: started once more (see ``_start_runtime``).
+AGENT_STALL_S = 60.0
+#: When set, a runtime's first pilot's agent blocks in its start-up (it is asked to prepare
+#: an environment whose set-up sleeps), as a stalled agent does (the tests' shared pilot
+#: starts with it, and survives it).
+STALL_KNOB = "HETFLOW_RADICAL_STALL_FIRST_AGENT"
 #: Seconds to wait for RP to cancel the pilot at close (it takes ~6 s; an agent that never
 #: came up never answers, and hetflow then kills the pilot's processes itself).
 CANCEL_WAIT_S = 60
 _WORKER_LOST = "the RAPTOR MPI worker running this task was lost"
 
 
-class _SchedulerStuck(LaunchError):
-    """The pilot's agent never placed the RAPTOR master (see ``_start_runtime``)."""
+class _StartStalled(LaunchError):
+    """A pilot start that stalled inside RP, where a new pilot starts (``_start_runtime``)."""
+
+
+class _SchedulerStuck(_StartStalled):
+    """The pilot's agent never placed the RAPTOR master."""
+
+
+class _AgentStalled(_StartStalled):
+    """The pilot's agent came up but never reported itself active."""
 
 
 @dataclass
@@ -163,6 +181,7 @@ class RadicalExecutor(Executor):
         self.timings: Dict[str, float] = {}
         #: Why each abandoned pilot start was abandoned (see ``_start_runtime``).
         self.restarts: List[str] = []
+        self._stalls: List[type] = []               # the _StartStalled kinds restarted
         self.rank_env: Dict[str, str] = {}          # environment RP tasks (the ranks) get
         self._running: Dict[str, Task] = {}         # RP uid -> task, under self._lock
         self._uid_counter = itertools.count()
@@ -182,20 +201,26 @@ class RadicalExecutor(Executor):
         self._set_environment()
         self._rp_before = rp_zmq_objects()
         try:
-            try:
-                self._start_pilot()
-            except _SchedulerStuck as exc:
-                # RP's agent schedules in a process it forks from a threaded component
-                # (radical/pilot/agent/scheduler/base.py); now and then that process never
-                # takes a task, and every task of the pilot then waits forever. A new pilot
-                # has a new one: start once more (a second failure is the error).
-                why = str(exc).splitlines()[0]
-                logger.warning("%s; starting a new pilot (once)", why)
-                self.restarts.append(why)
-                self._close_session()
-                self._set_environment()
-                self._rp_before = rp_zmq_objects()
-                self._start_pilot()
+            while True:
+                try:
+                    self._start_pilot()
+                    break
+                except _StartStalled as exc:
+                    # Two stalls inside RP's start-up, each now and then (docs/runtimes/
+                    # radical.md): its agent's scheduler, a process forked from a threaded
+                    # component, never takes a task; or the agent, up with all its
+                    # components, never reports itself active. A new pilot has new
+                    # processes: start once more for each (the same stall twice is the
+                    # error).
+                    if type(exc) in self._stalls:
+                        raise
+                    self._stalls.append(type(exc))
+                    why = str(exc).splitlines()[0]
+                    logger.warning("%s; starting a new pilot (once)", why)
+                    self.restarts.append(why)
+                    self._close_session(stalled=isinstance(exc, _AgentStalled))
+                    self._set_environment()
+                    self._rp_before = rp_zmq_objects()
         except BaseException:
             self._close_session()
             raise
@@ -295,11 +320,14 @@ class RadicalExecutor(Executor):
         elif self.resource == LOCAL_RESOURCE:
             description["cores"] = self.pilot_cores()
         description.update(self.pilot_options)
+        if os.environ.get(STALL_KNOB) and _AgentStalled not in self._stalls:
+            description["prepare_env"] = {"hetflow-stall": {"type": "shell",
+                                                            "pre_exec": ["sleep 3600"]}}
         t0 = time.time()
         pilot = self._pmgr.submit_pilots([rp.PilotDescription(description)])[0]
         self._tmgr.add_pilots(pilot)
         with waiting("the pilot"):
-            pilot.wait([rp.PMGR_ACTIVE, rp.FAILED, rp.CANCELED], timeout=self.startup_timeout)
+            self._wait_active(pilot, t0)
         if pilot.state != rp.PMGR_ACTIVE:
             raise LaunchError(f"RADICAL-Pilot pilot on {self.resource!r} is {pilot.state} after "
                               f"{time.time() - t0:.0f} s (startup_timeout={self.startup_timeout})",
@@ -318,6 +346,32 @@ class RadicalExecutor(Executor):
             self._probe()
             self.timings["raptor_s"] = time.time() - t0
 
+    def _wait_active(self, pilot, t0: float) -> None:
+        """Wait until ``pilot`` is active or has ended, ``startup_timeout`` at most; raise
+        ``_AgentStalled`` when its agent came up and has not reported itself active
+        ``AGENT_STALL_S`` later. (Seen in two CI runs of the suite: the agent's profile
+        showed all its components started, then nothing; its start-up makes a blocking
+        RPC to itself over a ZeroMQ pub-sub channel, which drops messages sent before the
+        subscription has propagated.)"""
+        rp = import_rp()
+
+        ends = (rp.PMGR_ACTIVE, rp.FAILED, rp.CANCELED)
+        deadline = t0 + self.startup_timeout
+        profile = os.path.join(self.sandbox, "*", self._session.uid, pilot.uid, "agent_0.prof")
+        agent_up = None
+        while pilot.state not in ends:
+            now = time.time()
+            if now >= deadline:
+                return
+            if agent_up is None:
+                agent_up = now if glob.glob(profile) else None
+            elif now - agent_up > AGENT_STALL_S:
+                raise _AgentStalled(
+                    f"RADICAL-Pilot's agent did not report the pilot active within "
+                    f"{AGENT_STALL_S:.0f} s of its start (state {pilot.state})",
+                    logs=[self.sandbox])
+            pilot.wait(list(ends), timeout=max(0.2, min(1.0, deadline - now)))
+
     def _master_description(self):
         """RP's RAPTOR master, with hetflow's fix for a lost queue announcement
         (``executors/_raptor_master.py``). RP loads it by path in the pilot, where
@@ -331,7 +385,7 @@ class RadicalExecutor(Executor):
             "raptor_file": os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                         "_raptor_master.py"),
             "environment": environment}
-        if os.environ.get(STUCK_KNOB) and not self.restarts:
+        if os.environ.get(STUCK_KNOB) and _SchedulerStuck not in self._stalls:
             description["named_env"] = "hetflow-never-registered"
         return rp.TaskDescription(description)
 
@@ -399,8 +453,13 @@ class RadicalExecutor(Executor):
         if not self.keep_sandbox and getattr(self, "base", None):
             shutil.rmtree(self.base, ignore_errors=True)
 
-    def _close_session(self) -> None:
+    def _close_session(self, stalled: bool = False) -> None:
+        """End the pilot and the session; ``stalled``: the agent stalled in its start-up
+        (a local one is ended at once: it may not be listening for the cancel)."""
         t0 = time.time()
+        if stalled and self.resource == LOCAL_RESOURCE:
+            for proc in session_processes(self.sandbox):
+                kill_tree(proc.pid, wait=False)
         root = self._worker_root or (self._worker_launcher({}) if self._session else None)
         if root is not None:
             # don't wait for RP to wind the worker down, nor for its agent to reap it

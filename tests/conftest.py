@@ -206,16 +206,20 @@ class SharedRuntime:
             # executors/_raptor_master.py survives, made to happen on every run.
             knobs = {radical.MASTER_KNOB: "1"}
             if not os.environ.get("SLURM_JOB_ID"):
-                # And its first master is held unplaced, as a stuck agent scheduler holds
-                # it: the runtime gives up on that pilot after SCHEDULER_STUCK_S (10 s
-                # here) and starts a new one. Once per run (a pilot start is dear), on
-                # this host's pilot, not in the allocation tests' runs.
+                # And its first pilot's agent blocks in its start-up, as a stalled agent
+                # does, then its next pilot's master is held unplaced, as a stuck agent
+                # scheduler holds it: the runtime gives up on each pilot (AGENT_STALL_S
+                # 15 s, SCHEDULER_STUCK_S 10 s here) and starts a new one. Once per run
+                # (a pilot start is dear), on this host's pilot, not in the allocation
+                # tests' runs.
+                knobs[radical.STALL_KNOB] = "1"
                 knobs[radical.STUCK_KNOB] = "1"
         life = Life(children={p.pid for p in psutil.Process().children(recursive=True)},
                     environ=dict(os.environ), scratch=scratch)
         context = hetflow.runtime(name, **options)
         os.environ.update(knobs)
         stuck_s, radical.SCHEDULER_STUCK_S = radical.SCHEDULER_STUCK_S, 10.0
+        stall_s, radical.AGENT_STALL_S = radical.AGENT_STALL_S, 15.0
         try:
             dfk = context.__enter__()
         except Exception as exc:
@@ -224,7 +228,7 @@ class SharedRuntime:
                 shutil.rmtree(scratch, ignore_errors=True)
             raise
         finally:
-            radical.SCHEDULER_STUCK_S = stuck_s
+            radical.SCHEDULER_STUCK_S, radical.AGENT_STALL_S = stuck_s, stall_s
             for key in knobs:
                 os.environ.pop(key, None)
         life.executor, life.token = dfk.executors[name], dfk.hetflow_token

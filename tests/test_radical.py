@@ -86,11 +86,14 @@ def test_rp_files_all_go_to_the_sandbox_dir_and_lost_starts_are_survived(shared_
     # ZeroMQ PUB socket does under load, and announced again: the pilot runs.
     (log,) = glob.glob(os.path.join(ex.sandbox, "*", "*", "pilot.0000", "raptor.0000.log"))
     assert "announcing it again" in open(log).read()
-    # Its first pilot's master was held unplaced (STUCK_KNOB, set by conftest), as RP's agent
-    # scheduler now and then holds every task: the runtime started a second pilot, which runs.
-    assert len(ex.restarts) == 1 and "did not place the RAPTOR master" in ex.restarts[0], \
-        ex.restarts
-    assert len(glob.glob(os.path.join(ex.sandbox, "*", "rp.session.*"))) == 2
+    # Its first pilot's agent blocked in its start-up (STALL_KNOB, set by conftest), as RP's
+    # agent now and then never reports itself active, and its second pilot's master was held
+    # unplaced (STUCK_KNOB), as RP's agent scheduler now and then holds every task: the
+    # runtime started a new pilot for each; the third runs.
+    assert len(ex.restarts) == 2, ex.restarts
+    assert "did not report the pilot active" in ex.restarts[0], ex.restarts
+    assert "did not place the RAPTOR master" in ex.restarts[1], ex.restarts
+    assert len(glob.glob(os.path.join(ex.sandbox, "*", "rp.session.*"))) == 3
 
 
 @pytest.mark.after_shared_runtime
