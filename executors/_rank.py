@@ -262,6 +262,13 @@ def forget_mpi_shm_names(world) -> int:
     again, and nothing is left in /dev/shm however the world ends. Returns how many."""
     if world.Get_size() > 1:
         world.Barrier()              # every rank, mapped segments or not (no rank waits alone)
+    return unlink_mapped_mpi_shm()
+
+
+def unlink_mapped_mpi_shm() -> int:
+    """Unlink the names of the MPICH segments this rank has mapped (see
+    :func:`forget_mpi_shm_names`; without its barrier, for a world known to be past its
+    start on every rank). Returns how many."""
     try:
         with open("/proc/self/maps") as fh:
             paths = {line.split(None, 5)[5].strip() for line in fh
@@ -270,12 +277,11 @@ def forget_mpi_shm_names(world) -> int:
         return 0
     gone = 0
     for path in paths:
-        if path.startswith(_MPI_SHM_PREFIX):
-            try:
-                os.unlink(path)
-                gone += 1
-            except OSError:          # a peer of this node unlinked it first
-                pass
+        try:
+            os.unlink(path)
+            gone += 1
+        except OSError:              # a peer of this node unlinked it first
+            pass
     return gone
 
 

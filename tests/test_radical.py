@@ -96,6 +96,24 @@ def test_rp_files_all_go_to_the_sandbox_dir_and_lost_starts_are_survived(shared_
     assert len(glob.glob(os.path.join(ex.sandbox, "*", "rp.session.*"))) == 3
 
 
+@hetflow.mpi_app(ranks=2, returns="all")
+def mapped_shm(comm):
+    # the named shared-memory segments this rank has mapped (MPICH's: /dev/shm/mpich_shm_*)
+    with open("/proc/self/maps") as fh:
+        return sorted({line.split(None, 5)[5].strip() for line in fh
+                       if "/dev/shm/mpich_shm_" in line})
+
+
+@pytest.mark.on_shared_runtime("radical")
+def test_raptor_worker_leaves_nothing_in_dev_shm(shared_executor):
+    # The RAPTOR worker's ranks unlink their MPICH segments' names at their first task, as
+    # the other runtimes' ranks do (test_shm.py): a worker recycled or killed (its ranks
+    # never reach MPI_Finalize) then leaves nothing in /dev/shm.
+    names = {n for rank in mapped_shm().result(timeout=120) for n in rank}
+    assert names, "MPICH mapped no named segment: the mpich wheel's MPI is expected here"
+    assert all(n.endswith(" (deleted)") for n in names), names
+
+
 @pytest.mark.after_shared_runtime
 @pytest.mark.parametrize("name", ["radical"])
 def test_rp_sandbox_removed_and_no_process_left(name):
