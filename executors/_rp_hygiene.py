@@ -80,15 +80,29 @@ def session_processes(base: str) -> List[psutil.Process]:
     return found
 
 
-def end_leftovers(base: str) -> None:
-    """Kill whatever RP left running after its session closed: the client's own
-    children (launchers, bridges not yet daemonised) and the session's daemons."""
-    for proc in psutil.Process().children(recursive=True) + session_processes(base):
+def end_leftovers(base: str, children: List[psutil.Process]) -> None:
+    """Kill whatever RP left running after its session closed: the client's ``children``
+    that RP started (see :func:`started_during`) and the session's daemons. The client's
+    other children (the user's, another runtime's) are not RP's to end."""
+    for proc in list(children) + session_processes(base):
         try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
                 kill_tree(proc.pid)
         except (psutil.Error, OSError):    # it ended meanwhile
             pass
+
+
+def client_children() -> set:
+    """The client's live child processes, all generations (``psutil.Process`` objects: equal
+    only for the same pid and start time)."""
+    return set(psutil.Process().children(recursive=True))
+
+
+def started_during(before: set) -> List[psutil.Process]:
+    """The client's children that were not there ``before`` (:func:`client_children`): RP's,
+    when taken around RP's own calls (its proxy forks the client for each session). A
+    process another thread of the client starts meanwhile would be counted too."""
+    return [proc for proc in client_children() if proc not in before]
 
 
 def rp_zmq_objects() -> set:

@@ -48,7 +48,8 @@ from hetflow._private import tighten
 from hetflow.errors import ConfigError, ExecutorBroken, LaunchError
 from hetflow.executors import allocation as batch
 from hetflow.executors._rank import TaskPayload
-from hetflow.executors._rp_hygiene import (end_leftovers, import_rp, release_client_handles,
+from hetflow.executors._rp_hygiene import (client_children, end_leftovers, import_rp,
+                                           release_client_handles, started_during,
                                            restore_environment, rp_zmq_objects,
                                            session_processes, set_environment)
 from hetflow.executors.kernel import Executor, Task
@@ -191,6 +192,7 @@ class RadicalExecutor(Executor):
         self._watchdog: Optional[threading.Thread] = None
         self._worker_root: Optional[int] = None    # pid of the RAPTOR worker's mpiexec
         self._worker_uid = ""                       # its RP uid (names its hostfile)
+        self._rp_children: List[psutil.Process] = []    # the client's children RP started
 
     # ------------------------------------------------------------------ the pilot's life
     def _start_runtime(self) -> None:
@@ -295,6 +297,14 @@ class RadicalExecutor(Executor):
         return -(-self.max_ranks // nodes)
 
     def _start_pilot(self) -> None:
+        before = client_children()
+        try:
+            self._start_session_and_pilot()
+        finally:
+            # RP's own processes among the client's children, ended at close (and only they)
+            self._rp_children += started_during(before)
+
+    def _start_session_and_pilot(self) -> None:
         rp = import_rp()
 
         t0 = time.time()
@@ -486,7 +496,8 @@ class RadicalExecutor(Executor):
                 pass
             self._session = None
             release_client_handles(self.base, self._rp_before)
-        end_leftovers(self.base)
+        end_leftovers(self.base, self._rp_children)
+        self._rp_children = []
         if self.slurm is not None:
             _remove_psij_files(self.sandbox, self.slurm_job_id)
         restore_environment(self._saved_env)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from typing import Optional
@@ -214,8 +215,12 @@ class SharedRuntime:
                 # tests' runs.
                 knobs[radical.STALL_KNOB] = "1"
                 knobs[radical.STUCK_KNOB] = "1"
+        bystander = None
+        if name == "radical":
+            # a child the client had before the runtime: not the runtime's to end
+            bystander = subprocess.Popen(["sleep", "3600"])
         life = Life(children={p.pid for p in psutil.Process().children(recursive=True)},
-                    environ=dict(os.environ), scratch=scratch)
+                    environ=dict(os.environ), scratch=scratch, bystander=bystander)
         context = hetflow.runtime(name, **options)
         os.environ.update(knobs)
         stuck_s, radical.SCHEDULER_STUCK_S = radical.SCHEDULER_STUCK_S, 10.0
@@ -226,6 +231,9 @@ class SharedRuntime:
             self._failed[name] = exc
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
+            if bystander is not None:
+                bystander.kill()
+                bystander.wait()
             raise
         finally:
             radical.SCHEDULER_STUCK_S, radical.AGENT_STALL_S = stuck_s, stall_s
@@ -243,6 +251,10 @@ class SharedRuntime:
             finally:
                 lived.add(name)
                 self.lives[name] = life
+                if life.bystander is not None:
+                    life.bystander_outlived = life.bystander.poll() is None
+                    life.bystander.kill()
+                    life.bystander.wait()
                 if life.scratch is not None:
                     life.scratch_left = os.listdir(life.scratch)
                     shutil.rmtree(life.scratch, ignore_errors=True)
@@ -257,6 +269,8 @@ class Life:
     scratch_left: list = dataclasses.field(default_factory=list)  # in it after the close
     executor: object = None             # the hetflow executor
     token: Optional[str] = None         # the runtime's token (hetflow._guardian)
+    bystander: object = None            # a child process the client started before it
+    bystander_outlived: bool = False    # ... still running after the runtime's close
 
 
 shared_runtime = SharedRuntime()

@@ -129,6 +129,9 @@ def test_rp_sandbox_removed_and_no_process_left(name):
     assert "close_s" in ex.timings
     assert session_processes(os.path.abspath(ex.sandbox_dir)) == []
     assert not marked_processes(life.token)
+    # A child the client had before the runtime outlived its close and its restarts (which
+    # once killed every child of the client).
+    assert life.bystander_outlived
     deadline = time.time() + 30                 # processes are reaped asynchronously
     while True:
         left = [p for p in psutil.Process().children(recursive=True)
