@@ -102,6 +102,15 @@ def pytest_collection_modifyitems(config, items):
         params = getattr(getattr(item, "callspec", None), "params", {})
         if any(isinstance(v, str) and v in SLURM_EXECUTORS for v in params.values()):
             item.add_marker(pytest.mark.slurm)
+        if shared_runtime_of(item) is not None:
+            # The shared runtime starts in the setup of whichever of its tests comes first
+            # (a radical one: three pilots, see SharedRuntime.use): its start is bounded by
+            # the runtime's own startup_timeout, not by that one test's time limit.
+            limit = item.get_closest_marker("timeout")
+            seconds = (limit.args[0] if limit and limit.args
+                       else limit.kwargs.get("timeout") if limit and "timeout" in limit.kwargs
+                       else config.getini("timeout"))
+            item.add_marker(pytest.mark.timeout(float(seconds), func_only=True))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         for item in items:
             group = xdist_group_of(item)
