@@ -216,20 +216,43 @@ def to_parquet(table: DistributedTable, directory: PathLike, *, compression: str
 
 
 def _concat_permissive(parts):
-    """``concat_tables`` promoting types (int32 + int64, null + anything); pyarrow < 14 has
-    no ``promote_options`` and only its ``promote=True`` (null + anything, same-named
-    fields)."""
+    """``concat_tables`` promoting types (int32 + int64, int64 + double, null + anything)."""
     try:
         return pa.concat_tables(parts, promote_options="permissive")
     except TypeError:  # pyarrow < 14 (pycylon's environments pin pyarrow 9-10)
+        names = parts[0].schema.names
+        if all(p.schema.names == names for p in parts):
+            common = _unify_permissive([p.schema for p in parts])
+            parts = [p if p.schema == common else p.cast(common) for p in parts]
         return pa.concat_tables(parts, promote=True)
 
 
 def _unify_permissive(schemas):
-    """``unify_schemas`` with permissive promotion; on pyarrow < 14, which cannot promote,
-    the plain unification (null fields take the other's type; differing types raise the
-    ArrowInvalid the caller turns into SchemaMismatch)."""
+    """``unify_schemas`` with permissive promotion. pyarrow < 14 cannot promote: there
+    null fields take the other's type, integer fields the widest integer type (int64 when
+    signed and unsigned meet), integer and floating fields float64 (the promotions CSV
+    type inference needs); other differing types raise ArrowTypeError (the caller's
+    SchemaMismatch)."""
     try:
         return pa.unify_schemas(schemas, promote_options="permissive")
     except TypeError:  # pyarrow < 14
-        return pa.unify_schemas(schemas)
+        pass
+    types = {}
+    for schema in schemas:
+        for field in schema:
+            types.setdefault(field.name, []).append(field.type)
+    fields = []
+    for name, seen in types.items():
+        kinds = list(dict.fromkeys(t for t in seen if not pa.types.is_null(t)))
+        if len(kinds) <= 1:
+            fields.append(pa.field(name, kinds[0] if kinds else pa.null()))
+        elif all(pa.types.is_integer(t) for t in kinds):
+            signed = {pa.types.is_signed_integer(t) for t in kinds}
+            widest = max(kinds, key=lambda t: t.bit_width)
+            fields.append(pa.field(name, widest if len(signed) == 1 else pa.int64()))
+        elif all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in kinds):
+            fields.append(pa.field(name, pa.float64()))
+        else:
+            raise pa.ArrowTypeError(f"Unable to merge: Field {name} has incompatible types: "
+                                    f"{' vs '.join(map(str, kinds))}")
+    return pa.schema(fields)
