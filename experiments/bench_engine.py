@@ -29,6 +29,9 @@ import tempfile
 import time
 
 SEEDS = {"left": 1, "right": 2}
+#: The ranks run this file by its path: ``-m hetflow.experiments...`` would find a checkout's
+#: own ``hetflow/`` first when started from its root, where ``experiments`` is not inside it.
+_SELF = os.path.abspath(__file__)
 
 
 def _rss_mib() -> float:
@@ -71,6 +74,26 @@ def _barrier(comm) -> None:
         delay = min(2 * delay, 1e-3)
 
 
+def _cylon_op(args, comm):
+    """Cylon's own op (``--engine cylon-sort``/``cylon-hash``: pycylon's distributed merge with
+    that join algorithm; sort: its distributed sort_values) on pycylon DataFrames of the
+    ranks' partitions, the way Cylon's users call it; returns (run, rows of a result)."""
+    import pycylon
+    from pycylon.net import MPIConfig
+
+    env = pycylon.CylonEnv(config=MPIConfig(comm), distributed=True)
+    algorithm = args.engine.split("-")[1] if "-" in args.engine else "sort"
+
+    def run(left, right):
+        ldf = pycylon.DataFrame(left.local)
+        if args.op == "join":
+            rdf = pycylon.DataFrame(right.local)
+            return ldf.merge(rdf, how="inner", algorithm=algorithm, on=["key"], env=env)
+        return ldf.sort_values(by=["key"], env=env)
+
+    return env, run, lambda out: out.to_arrow().num_rows
+
+
 def worker(args) -> None:
     from mpi4py import MPI
 
@@ -92,7 +115,10 @@ def worker(args) -> None:
     part_mib = sum(t.local.nbytes for t in tables) / 2**20
     data_rss = _rss_mib()
     times, cpu, rows, backend, phases = [], [], 0, "", []
-    if args.phases:
+    cylon = None
+    if args.engine != "hetflow":
+        cylon, run_cylon, cylon_rows = _cylon_op(args, comm)
+    if args.phases and cylon is None:
         from hetflow.frame import _phases
         _phases.enable()
     reset = _reset_peak()  # the peak counts the operations only, not building the input
@@ -100,18 +126,25 @@ def worker(args) -> None:
     for _ in range(args.repeats):
         _barrier(comm)
         t0, c0 = time.perf_counter(), time.process_time()
-        if args.op == "join":
+        if cylon is not None:   # the pycylon DataFrames are made inside: Cylon's users do
+            out = run_cylon(left, tables[-1])
+        elif args.op == "join":
             out = frame.join(left, tables[1], on="key")
         else:
             out = frame.sort(left, "key")
         cpu.append(time.process_time() - c0)
         _barrier(comm)
         times.append(time.perf_counter() - t0)
-        if args.phases:
-            phases.append(_phases.take())  # before num_rows: its allreduce is not the op's
-        rows, backend = out.num_rows(), out.backend
+        if cylon is not None:
+            rows, backend = comm.allreduce(cylon_rows(out)), args.engine
+        else:
+            if args.phases:
+                phases.append(_phases.take())  # before num_rows: its allreduce is not the op's
+            rows, backend = out.num_rows(), out.backend
         del out
         peak = max(peak, _peak_rss_mib())
+    if cylon is not None:
+        cylon.finalize()    # Cylon's context; MPI stays up (Cylon did not initialize it)
     comm_times = comm.allgather(times)
     slowest = [max(ts) for ts in zip(*comm_times)]
     cpu_all = [sum(cs) for cs in zip(*comm.allgather(cpu))]  # CPU seconds of all ranks
@@ -167,8 +200,8 @@ def wait_probe(args) -> int:
         for i, (mode, env) in enumerate(modes):
             with tempfile.TemporaryDirectory(prefix="hetflow-bench-") as tmp:
                 out = os.path.join(tmp, "probe.json")
-                cmd = [_mpiexec(), "-n", "2", sys.executable, "-m",
-                       "hetflow.experiments.bench_engine", "--wait-probe-worker", "--wait-mode",
+                cmd = [_mpiexec(), "-n", "2", sys.executable, _SELF,
+                       "--wait-probe-worker", "--wait-mode",
                        mode, "--repeats", str(args.repeats), "--out", out]
                 subprocess.run(cmd, check=True, timeout=args.timeout, env={**os.environ, **env})
                 with open(out) as fh:
@@ -240,20 +273,24 @@ def peers(rows: int, ranks: int, unique: float, repeats: int):
     return results, left.nbytes + right.nbytes
 
 
-def _mpiexec() -> str:
-    local = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+def _mpiexec(python: str = sys.executable) -> str:
+    local = os.path.join(os.path.dirname(python), "mpiexec")
     return local if os.path.exists(local) else "mpiexec"
 
 
-def hetflow_run(op: str, args, ranks=None, rows=None, repeats=None) -> dict:
+def hetflow_run(op: str, args, ranks=None, rows=None, repeats=None,
+                engine: str = "hetflow") -> dict:
+    """One ``mpiexec`` launch of the ranks' side; ``engine`` "cylon-sort"/"cylon-hash" run
+    Cylon's own op instead, under ``--cylon``'s interpreter."""
     ranks = args.ranks if ranks is None else ranks
+    python = sys.executable if engine == "hetflow" else args.cylon
     with tempfile.TemporaryDirectory(prefix="hetflow-bench-") as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m",
-               "hetflow.experiments.bench_engine", "--worker", "--op", op,
+        cmd = [_mpiexec(python), "-n", str(ranks), python, _SELF, "--worker", "--op", op,
+               "--engine", engine,
                "--rows", str(args.rows if rows is None else rows), "--unique", str(args.unique),
                "--repeats", str(args.repeats if repeats is None else repeats), "--out", out]
-        if args.phases:
+        if args.phases and engine == "hetflow":
             cmd.append("--phases")
         env = dict(os.environ)
         env.update(kv.split("=", 1) for kv in args.mpi_env)
@@ -284,6 +321,34 @@ def _phase_summary(result: dict) -> dict:
     return out
 
 
+#: Cylon's own ways of doing each op, timed beside hetflow with --cylon: its two join
+#: algorithms, its sort.
+CYLON_ENGINES = {"join": ["cylon-sort", "cylon-hash"], "sort": ["cylon"]}
+
+
+def _print_cylon(ops, counts, engines, summary, runs, cylon_runs) -> None:
+    """hetflow beside Cylon itself: medians, each engine's speed-up over its own first rank
+    count, and hetflow's time as a fraction of each Cylon engine's."""
+    print(f"\n{'op':<5} {'ranks':>5} {'engine':<11} {'median s':>9} {'cpu s (all)':>12} "
+          f"{'speed-up':>9} {'rows out':>11} {'hetflow / it':>13}")
+    for op in ops:
+        het = {r: statistics.median(summary[(op, r)]["times"]) for r in counts}
+        for r in counts:
+            for engine in engines[op]:
+                results = (None if engine == "hetflow" else cylon_runs[(engine, op, r)])
+                times = het[r] if results is None else statistics.median(
+                    sum((x["times"] for x in results), []))
+                first = het[counts[0]] if results is None else statistics.median(
+                    sum((x["times"] for x in cylon_runs[(engine, op, counts[0])]), []))
+                cpu = statistics.median(summary[(op, r)]["cpu"] if results is None
+                                        else sum((x["cpu"] for x in results), []))
+                rows = f"{(runs[(op, r)] if results is None else results)[0]['rows_out']:,}"
+                print(f"{op:<5} {r:>5} {engine:<11} {times:>9.3f} {cpu:>12.3f} "
+                      f"{first / times:>9.2f} {rows:>11} {het[r] / times:>13.2f}")
+    print("speed-up: this engine's median at the first rank count / here; hetflow / it: "
+          "hetflow's median / this engine's (below 1: hetflow is faster)")
+
+
 def scaling(args) -> int:
     """1 -> R ranks on the paper's data, the tables' size fixed (strong scaling) or growing with
     the ranks (``--weak``): launches of each rank count interleaved, so load from other
@@ -294,12 +359,19 @@ def scaling(args) -> int:
     print(f"hetflow scaling ({kind} = {args.per_rank:,}), ranks {counts}, {args.rounds} "
           f"rounds x {args.repeats} repeats, MPI env {args.mpi_env or 'default'}, "
           f"{os.cpu_count()} cores", flush=True)
+    engines = {op: ["hetflow"] + (CYLON_ENGINES[op] if args.cylon else []) for op in ops}
+    if args.cylon:
+        print(f"Cylon itself (pycylon) beside it, under {args.cylon}", flush=True)
+    cylon_runs = {(e, op, r): [] for op in ops for e in engines[op][1:] for r in counts}
     runs = {(op, r): [] for op in ops for r in counts}
     for _ in range(args.rounds):
         for op in ops:
             for r in counts:
                 rows = args.per_rank * (r if args.weak else counts[0])
-                runs[(op, r)].append(hetflow_run(op, args, ranks=r, rows=rows))
+                for engine in engines[op]:
+                    result = hetflow_run(op, args, ranks=r, rows=rows, engine=engine)
+                    (runs[(op, r)] if engine == "hetflow"
+                     else cylon_runs[(engine, op, r)]).append(result)
     summary = {}
     for (op, r), results in runs.items():
         merged = {"times": sum((x["times"] for x in results), []),
@@ -325,6 +397,8 @@ def scaling(args) -> int:
                   f"{c / c0:>10.2f} {mem:>17.2f}")
     print("speed-up: median time at the first rank count / median time here; cpu ratio: CPU "
           "seconds of all ranks here / at the first rank count")
+    if args.cylon:
+        _print_cylon(ops, counts, engines, summary, runs, cylon_runs)
     if args.phases:
         for op in ops:
             table = {r: _phase_summary(summary[(op, r)]) for r in counts}
@@ -341,6 +415,12 @@ def scaling(args) -> int:
             json.dump({"args": vars(args),
                        "runs": {f"{op}@{r}": v for (op, r), v in summary.items()}}, fh)
     return 0
+
+
+def _here_if_pycylon():
+    import importlib.util
+
+    return sys.executable if importlib.util.find_spec("pycylon") else None
 
 
 def main(argv=None) -> int:
@@ -366,6 +446,15 @@ def main(argv=None) -> int:
                     help="--scaling with --per-rank rows on every rank (weak scaling)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds for --scaling")
     ap.add_argument("--ops", default="join,sort", help="ops for --scaling")
+    ap.add_argument("--cylon", metavar="PYTHON", default=_here_if_pycylon(),
+                    help="--scaling: also time Cylon itself (pycylon's merge with its sort and "
+                         "hash join, its sort_values) on the same data, under this "
+                         "interpreter, where pycylon and hetflow both import (pycylon pins "
+                         "pyarrow 9-10, so usually an environment of its own; docs/engine.md); "
+                         "default: this interpreter when pycylon imports here")
+    ap.add_argument("--engine", default="hetflow",
+                    choices=["hetflow", "cylon", "cylon-sort", "cylon-hash"],
+                    help=argparse.SUPPRESS)
     ap.add_argument("--mpi-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for the ranks (e.g. an MPICH CVAR); repeatable")
     ap.add_argument("--wait-probe", action="store_true",

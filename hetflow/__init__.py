@@ -6,8 +6,17 @@ pays for nothing a no-op task does not need (the errors module alone pulls in
 ``concurrent.futures`` and ``logging``).
 """
 import importlib
+import os as _os
 
 __version__ = "0.1.0"
+
+# An install maps the checkout's executors/ and experiments/ to hetflow.executors and
+# hetflow.experiments (pyproject's package-dir). Python started in the checkout's root
+# imports this folder instead of the install: find those two beside it there too.
+_checkout = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if not _os.path.isdir(_os.path.join(__path__[0], "executors")) and _os.path.isfile(
+        _os.path.join(_checkout, "executors", "__init__.py")):
+    __path__.append(_checkout)
 
 _ERRORS = ("BackendUnavailable", "ConfigError", "ExecutorBroken", "HetflowError", "InputError",
            "KeyColumnError", "LaunchError", "NotSupported", "ResourcesUnavailable",
