@@ -11,22 +11,12 @@ from __future__ import annotations
 
 from typing import List
 
-from hetflow.executors._rank import run_on_rank, unlink_mapped_mpi_shm
+from hetflow.executors._rank import run_on_rank
 from hetflow.executors.taskdir import TaskDir
-
-_shm_forgotten = False
 
 
 def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: List[str]) -> bool:
     """Run one rank's share in a persistent RAPTOR worker; True if it succeeded."""
-    global _shm_forgotten
-    if not _shm_forgotten:
-        # The worker's MPICH segments, unlinked as the other runtimes' ranks unlink theirs
-        # (a recycled or killed worker then leaves nothing in /dev/shm). No barrier: RP's
-        # worker ranks have all been through MPI_Init (which waits for every rank) and a
-        # world broadcast before a task reaches them.
-        _shm_forgotten = True
-        unlink_mapped_mpi_shm()
     if comm is None:
         from mpi4py import MPI
 

@@ -410,6 +410,9 @@ class RadicalExecutor(Executor):
                                            else self._slurm_cpus_per_node())
         self._worker_uid = self._raptor.submit_workers(rp.TaskDescription(
             {"mode": rp.RAPTOR_WORKER, "ranks": self.max_ranks, "raptor_class": "MPIWorker",
+             # hetflow's (RP's, which unlinks its MPICH segments' names once up)
+             "raptor_file": os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                         "_raptor_worker.py"),
              **placement,
              "environment": dict(self.rank_env),
              # A rank killed from outside leaves no evidence of its own; RP's launch script

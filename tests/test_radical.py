@@ -96,20 +96,21 @@ def test_rp_files_all_go_to_the_sandbox_dir_and_lost_starts_are_survived(shared_
     assert len(glob.glob(os.path.join(ex.sandbox, "*", "rp.session.*"))) == 3
 
 
-@hetflow.mpi_app(ranks=2, returns="all")
-def mapped_shm(comm):
-    # the named shared-memory segments this rank has mapped (MPICH's: /dev/shm/mpich_shm_*)
-    with open("/proc/self/maps") as fh:
-        return sorted({line.split(None, 5)[5].strip() for line in fh
-                       if "/dev/shm/mpich_shm_" in line})
-
-
 @pytest.mark.on_shared_runtime("radical")
 def test_raptor_worker_leaves_nothing_in_dev_shm(shared_executor):
-    # The RAPTOR worker's ranks unlink their MPICH segments' names at their first task, as
-    # the other runtimes' ranks do (test_shm.py): a worker recycled or killed (its ranks
-    # never reach MPI_Finalize) then leaves nothing in /dev/shm.
-    names = {n for rank in mapped_shm().result(timeout=120) for n in rank}
+    # Every rank of the RAPTOR worker unlinks its MPICH segments' names once the worker is up
+    # (executors/_raptor_worker.py), as the other runtimes' ranks do (test_shm.py): a worker
+    # recycled or killed (its ranks never reach MPI_Finalize) then leaves nothing in /dev/shm,
+    # also on a node none of whose ranks ever ran a task.
+    assert where().result(timeout=120)               # the worker is up
+    ranks = [p for p in session_processes(shared_executor.base)
+             if any("raptor-worker" in part for part in p.cmdline())]
+    assert len(ranks) == shared_executor.max_ranks, ranks
+    names = set()
+    for proc in ranks:
+        with open(f"/proc/{proc.pid}/maps") as fh:
+            names |= {line.split(None, 5)[5].strip() for line in fh
+                      if "/dev/shm/mpich_shm_" in line}
     assert names, "MPICH mapped no named segment: the mpich wheel's MPI is expected here"
     assert all(n.endswith(" (deleted)") for n in names), names
 
