@@ -269,12 +269,22 @@ def unlink_mapped_mpi_shm() -> int:
     """Unlink the names of the MPICH segments this rank has mapped (see
     :func:`forget_mpi_shm_names`; without its barrier, for a world known to be past its
     start on every rank). Returns how many."""
+    return unlink_mpi_shm(mapped_mpi_shm("self"))
+
+
+def mapped_mpi_shm(pid) -> set:
+    """Paths of the MPICH segments process ``pid`` ("self": this one) maps whose names are
+    still linked (an exited or foreign process: none)."""
     try:
-        with open("/proc/self/maps") as fh:
-            paths = {line.split(None, 5)[5].strip() for line in fh
-                     if _MPI_SHM_PREFIX in line and not line.rstrip().endswith("(deleted)")}
+        with open(f"/proc/{pid}/maps") as fh:
+            return {line.split(None, 5)[5].strip() for line in fh
+                    if _MPI_SHM_PREFIX in line and not line.rstrip().endswith("(deleted)")}
     except (OSError, IndexError):
-        return 0
+        return set()
+
+
+def unlink_mpi_shm(paths) -> int:
+    """Unlink these segment names; returns how many were still there."""
     gone = 0
     for path in paths:
         try:
