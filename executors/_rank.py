@@ -272,13 +272,20 @@ def unlink_mapped_mpi_shm() -> int:
     return unlink_mpi_shm(mapped_mpi_shm("self"))
 
 
-def mapped_mpi_shm(pid) -> set:
-    """Paths of the MPICH segments process ``pid`` ("self": this one) maps whose names are
-    still linked (an exited or foreign process: none)."""
+#: Named shared memory of an MPI world that outlives its ranks when they are killed: MPICH's
+#: segments, and Open MPI's (whose peers attach to them by name after start-up, so they
+#: can be removed only once the whole world is dead: see launch.kill_tree).
+KILLED_WORLD_SHM = (_MPI_SHM_PREFIX, "/dev/shm/vader_segment.")
+
+
+def mapped_mpi_shm(pid, prefixes=(_MPI_SHM_PREFIX,)) -> set:
+    """Paths under ``prefixes`` (default: MPICH's segments) that process ``pid`` ("self":
+    this one) maps and whose names are still linked (an exited or foreign process: none)."""
     try:
         with open(f"/proc/{pid}/maps") as fh:
-            return {line.split(None, 5)[5].strip() for line in fh
-                    if _MPI_SHM_PREFIX in line and not line.rstrip().endswith("(deleted)")}
+            return {path for path in (line.split(None, 5)[5].strip() for line in fh
+                                      if "/dev/shm/" in line)
+                    if path.startswith(prefixes) and not path.endswith("(deleted)")}
     except (OSError, IndexError):
         return set()
 
