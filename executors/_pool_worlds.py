@@ -19,7 +19,8 @@ from hetflow.errors import LaunchError
 from hetflow.executors import _pool_wire as wire
 from hetflow.executors._pool_faults import rank_death
 from hetflow.executors.allocation import srun_prefix
-from hetflow.executors.launch import ended, kill_tree, launcher_env, launcher_flavour
+from hetflow.executors.launch import (ended, forget_recorded_shm, kill_tree, launcher_env,
+                                      launcher_flavour)
 from hetflow.executors.taskdir import PRIVATE_UMASK, TaskDir, private_dir
 from hetflow.executors.watch import EVIDENCE_GRACE_S
 
@@ -230,6 +231,7 @@ class Worlds:
     def stop(self, world: World) -> None:
         kill_tree(world.proc.pid)
         world.proc.wait()
+        forget_recorded_shm(world.taskdir)
 
     def drop(self, world: World) -> List[int]:
         """Forget a world whose launcher ended (stopping what is left); its slot ids."""

@@ -290,6 +290,15 @@ def mapped_mpi_shm(pid, prefixes=(_MPI_SHM_PREFIX,)) -> set:
         return set()
 
 
+def record_left_shm(taskdir: TaskDir, rank: int) -> None:
+    """After :func:`forget_mpi_shm_names`: note in ``taskdir`` the segments this rank maps
+    that are still linked (Open MPI's), for the client to remove when the world has ended
+    (``launch.forget_recorded_shm``)."""
+    left = mapped_mpi_shm("self", KILLED_WORLD_SHM)
+    if left:
+        taskdir.record_shm(rank, os.uname().nodename, left)
+
+
 def unlink_mpi_shm(paths) -> int:
     """Unlink these segment names; returns how many were still there."""
     gone = 0
@@ -325,6 +334,7 @@ def main(argv=None) -> int:
             f"--mpi=pmi2 with the mpich wheel)"), now, now)
     else:
         forget_mpi_shm_names(world)
+        record_left_shm(taskdir, world.Get_rank())
         outcome = run_on_rank(taskdir.read_payload(), world, sys_path=meta["sys_path"])
     taskdir.write_outcome(outcome)
     if not outcome.ok and world.Get_size() > 1:

@@ -110,6 +110,17 @@ def kill_tree(pid: int, wait: bool = True) -> None:
         psutil.wait_procs(procs, timeout=5)
 
 
+def forget_recorded_shm(taskdir: TaskDir) -> None:
+    """Once a world has ended: remove the shared-memory segments its ranks on this host
+    recorded (``_rank.record_left_shm``: Open MPI's, which ranks cannot unlink early). A
+    world that ended without MPI_Finalize (an abort, a failed or killed rank) left them.
+    Only MPI segment paths are taken."""
+    from hetflow.executors._rank import KILLED_WORLD_SHM, unlink_mpi_shm
+
+    unlink_mpi_shm(p for p in taskdir.shm_recorded(os.uname().nodename)
+                   if p.startswith(KILLED_WORLD_SHM) and "/../" not in p)
+
+
 def ended(pid: int) -> bool:
     """Whether process ``pid`` has exited (no such process, or a zombie not yet reaped)."""
     return not alive(pid)
@@ -174,13 +185,14 @@ class MPILaunch:
             return
         if self.proc.returncode is None:
             kill_tree(self.proc.pid)
-            return
-        # The launcher is reaped (its pid may already name another process): what is left
-        # of the job, a task's orphans, is in the session's process group.
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        else:
+            # The launcher is reaped (its pid may already name another process): what is
+            # left of the job, a task's orphans, is in the session's process group.
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        forget_recorded_shm(self.taskdir)
 
     def wait_step(self, timeout: float) -> Optional[int]:
         """Wait up to ``timeout`` s for the launcher to end, watching the ranks meanwhile.

@@ -13,6 +13,10 @@ file                  written by  what
 ``fault-<r>.txt``     rank r     faulthandler's stack dump on a fatal signal
 ``exit-<r>.json``     rank r     ``{"exitcode": c}`` when it called ``os._exit(c)``
 ``status-<pid>.json`` supervisor how rank process ``pid`` ended, and when (see _supervise)
+``shm-<r>.json``      rank r     ``{"host": h, "paths": [...]}``: the MPI's shared-memory
+                                 segments it mapped that are still linked once it has
+                                 started (Open MPI's), removed by the client on host ``h``
+                                 when the launch has ended
 ``cancel``            client     asks a remote launcher to stop the job
 ``launcher.json``     launcher   where the job's launcher runs (host, pid, start ticks);
                                  a batch job's script: ``job`` id, ``launched`` (its
@@ -155,6 +159,24 @@ class TaskDir:
             fault.close()
 
         return undo
+
+    def record_shm(self, rank: int, host: str, paths) -> None:
+        write_private(self.file(f"shm-{rank}.json"),
+                      json.dumps({"host": host, "paths": sorted(paths)}).encode())
+
+    def shm_recorded(self, host: str) -> set:
+        """The segment paths the ranks on ``host`` recorded (``record_shm``)."""
+        paths = set()
+        for name in self._names():
+            if name.startswith("shm-") and name.endswith(".json"):
+                try:
+                    with open(self.file(name)) as fh:
+                        record = json.load(fh)
+                    if record.get("host") == host:
+                        paths.update(p for p in record.get("paths", ()) if isinstance(p, str))
+                except (OSError, ValueError, AttributeError):
+                    continue
+        return paths
 
     def status_path(self, pid: int) -> str:
         return self.file(f"status-{pid}.json")

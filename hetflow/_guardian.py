@@ -166,7 +166,33 @@ def sweep(token: str, tracked: Optional[Dict[int, int]] = None, group: Optional[
     me = os.getpid()
     tracked = dict(tracked or {})
     killed = set()
+    shm: set = set()
     deadline = time.monotonic() + budget_s
+    try:
+        return _sweep(token, tracked, group, me, killed, shm, deadline)
+    finally:
+        # the MPI segments the killed ranks still had linked (Open MPI's; MPICH's of a
+        # world killed at its start): no rank of theirs reaches MPI_Finalize now
+        _unlink_mpi_shm(shm)
+
+
+def _mpi_shm(pid: int) -> set:
+    try:
+        from hetflow.executors._rank import KILLED_WORLD_SHM, mapped_mpi_shm
+    except ImportError:       # hetflow's executors not importable here: nothing to clean
+        return set()
+    return mapped_mpi_shm(pid, KILLED_WORLD_SHM)
+
+
+def _unlink_mpi_shm(paths: set) -> None:
+    try:
+        from hetflow.executors._rank import unlink_mpi_shm
+    except ImportError:
+        return
+    unlink_mpi_shm(paths)
+
+
+def _sweep(token, tracked, group, me, killed, shm, deadline) -> int:
     while True:
         # Forks of the client never exec'd, so they lack the mark: known by the tree we
         # recorded, or, if forked since, as orphans of the client's process group.
@@ -183,6 +209,7 @@ def sweep(token: str, tracked: Optional[Dict[int, int]] = None, group: Optional[
         if not targets:
             return len(killed)
         for pid in targets:
+            shm |= _mpi_shm(pid)
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.add(pid)
