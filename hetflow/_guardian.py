@@ -166,58 +166,57 @@ def sweep(token: str, tracked: Optional[Dict[int, int]] = None, group: Optional[
     me = os.getpid()
     tracked = dict(tracked or {})
     killed = set()
-    shm: set = set()
+    shm = _MPIShm()
     deadline = time.monotonic() + budget_s
     try:
-        return _sweep(token, tracked, group, me, killed, shm, deadline)
+        while True:
+            # Forks of the client never exec'd, so they lack the mark: known by the tree we
+            # recorded, or, if forked since, as orphans of the client's process group.
+            if group is not None:
+                for pid in orphans(*group):
+                    tracked.setdefault(pid, start_ticks(pid))
+            for pid, started in list(tracked.items()):
+                if start_ticks(pid) != started:
+                    del tracked[pid]
+                    continue
+                tracked.update(descendants(pid))
+            targets = (set(marked_processes(token)) | set(tracked)) - {me}
+            targets = {pid for pid in targets if pid not in killed or alive(pid)}
+            if not targets:
+                return len(killed)
+            for pid in targets:
+                shm.note(pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if time.monotonic() > deadline:
+                return len(killed)
+            time.sleep(0.05)
     finally:
-        # the MPI segments the killed ranks still had linked (Open MPI's; MPICH's of a
-        # world killed at its start): no rank of theirs reaches MPI_Finalize now
-        _unlink_mpi_shm(shm)
+        shm.unlink()
 
 
-def _mpi_shm(pid: int) -> set:
-    try:
-        from hetflow.executors._rank import KILLED_WORLD_SHM, mapped_mpi_shm
-    except ImportError:       # hetflow's executors not importable here: nothing to clean
-        return set()
-    return mapped_mpi_shm(pid, KILLED_WORLD_SHM)
+class _MPIShm:
+    """The MPI segments the killed ranks still had linked (Open MPI's; MPICH's of a world
+    killed at its start), removed once they are dead: no rank of theirs reaches
+    MPI_Finalize now (hetflow.executors._rank's helpers; nothing to do without them)."""
 
+    def __init__(self):
+        try:
+            from hetflow.executors import _rank
+        except ImportError:
+            _rank = None
+        self._rank, self.paths = _rank, set()
 
-def _unlink_mpi_shm(paths: set) -> None:
-    try:
-        from hetflow.executors._rank import unlink_mpi_shm
-    except ImportError:
-        return
-    unlink_mpi_shm(paths)
+    def note(self, pid: int) -> None:
+        if self._rank is not None:
+            self.paths |= self._rank.mapped_mpi_shm(pid, self._rank.KILLED_WORLD_SHM)
 
-
-def _sweep(token, tracked, group, me, killed, shm, deadline) -> int:
-    while True:
-        # Forks of the client never exec'd, so they lack the mark: known by the tree we
-        # recorded, or, if forked since, as orphans of the client's process group.
-        if group is not None:
-            for pid in orphans(*group):
-                tracked.setdefault(pid, start_ticks(pid))
-        for pid, started in list(tracked.items()):
-            if start_ticks(pid) != started:
-                del tracked[pid]
-                continue
-            tracked.update(descendants(pid))
-        targets = (set(marked_processes(token)) | set(tracked)) - {me}
-        targets = {pid for pid in targets if pid not in killed or alive(pid)}
-        if not targets:
-            return len(killed)
-        for pid in targets:
-            shm |= _mpi_shm(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if time.monotonic() > deadline:
-            return len(killed)
-        time.sleep(0.05)
+    def unlink(self) -> None:
+        if self._rank is not None:
+            self._rank.unlink_mpi_shm(self.paths)
 
 
 class Guardian:
