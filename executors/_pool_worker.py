@@ -124,12 +124,11 @@ def main(argv=None) -> int:
     from mpi4py import MPI
 
     from hetflow import resident
-    from hetflow.executors._rank import forget_mpi_shm_names, record_left_shm, run_on_rank
+    from hetflow.executors._rank import forget_mpi_shm_names, run_on_rank
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
-    forget_mpi_shm_names(world)    # a world the pool kills leaves nothing in /dev/shm
-    record_left_shm(statedir, rank)    # (Open MPI's: the pool removes them when it ends)
+    forget_mpi_shm_names(world, statedir)  # a world the pool kills leaves nothing in /dev/shm
     real_exit = os._exit                   # the worker's own exits are not deaths to record
     statedir.record_deaths(rank)           # evidence if a task kills this process
     resident._set_pool(os.environ.get("HETFLOW_POOL_UID", "pool"))

@@ -256,13 +256,19 @@ def collect(outcomes: dict, task_id, resources, executor: str, *,
 _MPI_SHM_PREFIX = "/dev/shm/mpich_shm_"
 
 
-def forget_mpi_shm_names(world) -> int:
+def forget_mpi_shm_names(world, taskdir: TaskDir) -> None:
     """Unlink the names of the MPICH segments this rank mapped at ``MPI_Init``, once every
     rank of ``world`` has (a barrier): the mappings stay valid, nobody opens them by name
-    again, and nothing is left in /dev/shm however the world ends. Returns how many."""
+    again, and nothing is left in /dev/shm however the world ends. Segments that cannot go
+    yet (Open MPI's) are noted in ``taskdir`` for the client to remove once the world has
+    ended (``launch.forget_recorded_shm``)."""
     if world.Get_size() > 1:
         world.Barrier()              # every rank, mapped segments or not (no rank waits alone)
-    return unlink_mapped_mpi_shm()
+    mapped = mapped_mpi_shm("self", KILLED_WORLD_SHM)
+    unlink_mpi_shm(p for p in mapped if p.startswith(_MPI_SHM_PREFIX))
+    left = {p for p in mapped if not p.startswith(_MPI_SHM_PREFIX)}
+    if left:
+        taskdir.record_shm(world.Get_rank(), os.uname().nodename, left)
 
 
 def unlink_mapped_mpi_shm() -> int:
@@ -288,15 +294,6 @@ def mapped_mpi_shm(pid, prefixes=(_MPI_SHM_PREFIX,)) -> set:
                     if path.startswith(prefixes) and not path.endswith("(deleted)")}
     except (OSError, IndexError):
         return set()
-
-
-def record_left_shm(taskdir: TaskDir, rank: int) -> None:
-    """After :func:`forget_mpi_shm_names`: note in ``taskdir`` the segments this rank maps
-    that are still linked (Open MPI's), for the client to remove when the world has ended
-    (``launch.forget_recorded_shm``)."""
-    left = mapped_mpi_shm("self", KILLED_WORLD_SHM)
-    if left:
-        taskdir.record_shm(rank, os.uname().nodename, left)
 
 
 def unlink_mpi_shm(paths) -> int:
@@ -333,8 +330,7 @@ def main(argv=None) -> int:
             f"{expected}: its processes were not wired into one MPI world (srun needs "
             f"--mpi=pmi2 with the mpich wheel)"), now, now)
     else:
-        forget_mpi_shm_names(world)
-        record_left_shm(taskdir, world.Get_rank())
+        forget_mpi_shm_names(world, taskdir)
         outcome = run_on_rank(taskdir.read_payload(), world, sys_path=meta["sys_path"])
     taskdir.write_outcome(outcome)
     if not outcome.ok and world.Get_size() > 1:

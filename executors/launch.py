@@ -112,7 +112,7 @@ def kill_tree(pid: int, wait: bool = True) -> None:
 
 def forget_recorded_shm(taskdir: TaskDir) -> None:
     """Once a world has ended: remove the shared-memory segments its ranks on this host
-    recorded (``_rank.record_left_shm``: Open MPI's, which ranks cannot unlink early). A
+    recorded (``_rank.forget_mpi_shm_names``: Open MPI's, which ranks cannot unlink early). A
     world that ended without MPI_Finalize (an abort, a failed or killed rank) left them.
     Only MPI segment paths are taken."""
     from hetflow.executors._rank import KILLED_WORLD_SHM, unlink_mpi_shm
