@@ -68,9 +68,7 @@ def _ops():
 def _cylon_key_type(t: pa.DataType) -> bool:
     """Types Cylon's row hash/comparator handles (arrow_comparator.cpp's type switch); no bool,
     no decimal, no nested types."""
-    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
-            or pa.types.is_large_string(t) or pa.types.is_binary(t)
-            or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or _bytes_type(t)
             or pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_time(t))
 
 
@@ -88,10 +86,11 @@ def _address_hashed(comm, schema: pa.Schema, names: Sequence[str]) -> List[str]:
     and binary columns, when the table spans more than one rank."""
     if comm.Get_size() == 1:
         return []
-    return [n for n in names if _varlen(schema.field(n).type)]
+    return [n for n in names if _bytes_type(schema.field(n).type)]
 
 
-def _varlen(t: pa.DataType) -> bool:
+def _bytes_type(t: pa.DataType) -> bool:
+    """String and binary types (large and fixed-size too)."""
     return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
             or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t))
 
