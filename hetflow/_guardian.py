@@ -41,6 +41,8 @@ ENV_PREFIX = "HETFLOW_RUNTIME_"
 _STOP = b"stop\n"
 #: How long the guardian keeps sweeping for stragglers (forks racing the kill).
 _SWEEP_S = 5.0
+#: How long a normal close waits for the runtime's detached processes to end.
+_SETTLE_S = 5.0
 #: What the guardian writes once it knows its client, and how long the client waits for it.
 _READY, _READY_S = b"ready\n", 10.0
 #: How often the guardian records the client's descendants.
@@ -251,6 +253,25 @@ class Guardian:
     def processes(self) -> List[int]:
         """Live processes carrying this runtime's token (the guardian itself excluded)."""
         return marked_processes(self.token, exclude=(self._proc.pid,) if self._proc else ())
+
+    def settle(self, grace_s: float = _SETTLE_S) -> List[int]:
+        """At a normal close, once the executors have shut down: wait up to ``grace_s``
+        for the detached processes still carrying the token (a Parsl worker pool or its
+        resource tracker, a pilot's component, still exiting) to end, so that none
+        outlives the close. The client's own descendants are left out: a process the
+        user started while the runtime was open carries the token too, and is not the
+        runtime's to wait for (or to end). Returns those still alive (logged)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            mine = set(descendants(os.getpid()))
+            left = [pid for pid in self.processes() if pid not in mine]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if left:
+            logger.warning("runtime %s: processes still running %s s after its shutdown: %s",
+                           self.token, grace_s, left)
+        return left
 
     def stop(self) -> None:
         """Normal exit: unmark the environment and let the guardian exit without sweeping."""

@@ -138,6 +138,11 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
             dfk.cleanup()
         finally:
             parsl.clear()
-            guardian.stop()
+            try:
+                # What the executors' shutdown ended may still be exiting: the close
+                # returns once it has (see Guardian.settle).
+                guardian.settle()
+            finally:
+                guardian.stop()
             if owned and not keep_run_dir:
                 shutil.rmtree(base, ignore_errors=True)

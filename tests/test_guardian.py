@@ -132,3 +132,24 @@ def test_tokens_are_distinct_and_marks_nest():
         inner.stop()
         outer.stop()
     assert not any(k.startswith("HETFLOW_RUNTIME_") for k in os.environ)
+
+
+def test_the_close_waits_for_what_is_still_exiting_and_leaves_the_users_children():
+    # A runtime's detached process still exiting when its executors' shutdown returned (a
+    # Parsl worker pool, a pilot's component): hetflow.runtime's close returns once it has
+    # ended. A process the user started inside the block carries the mark too, and is
+    # neither waited for nor killed.
+    import hetflow
+
+    with hetflow.runtime("debug") as dfk:
+        token = dfk.hetflow_token
+        detached = subprocess.run(["sh", "-c", "sleep 2 </dev/null >/dev/null 2>&1 & echo $!"],
+                                  capture_output=True, text=True).stdout.strip()
+        users = subprocess.Popen(["sleep", "60"])
+        assert {int(detached), users.pid} <= set(marked_processes(token))
+    try:
+        assert marked_processes(token) == [users.pid]
+        assert users.poll() is None
+    finally:
+        users.kill()
+        users.wait()
