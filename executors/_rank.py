@@ -282,6 +282,12 @@ def unlink_mapped_mpi_shm() -> int:
 #: segments, and Open MPI's (whose peers attach to them by name after start-up, so they
 #: can be removed only once the whole world is dead: see launch.kill_tree).
 KILLED_WORLD_SHM = (_MPI_SHM_PREFIX, "/dev/shm/vader_segment.")
+#: What a killed process tree leaves besides: those, and the named semaphores of Python's
+#: multiprocessing started by spawn (a Parsl worker pool's queues and counters), whose names
+#: only its finalizers or its resource tracker (killed with the tree) would have removed.
+#: Only those a process opened by name are seen (in its maps): the creator maps a
+#: temporary name that glibc already unlinked.
+KILLED_TREE_SHM = KILLED_WORLD_SHM + ("/dev/shm/sem.mp-",)
 
 
 def mapped_mpi_shm(pid, prefixes=(_MPI_SHM_PREFIX,)) -> set:

@@ -84,7 +84,7 @@ def kill_tree(pid: int, wait: bool = True) -> None:
     gone only once its own parent reaped it)."""
     import psutil   # here: only a kill needs the process tree (and ranks never import this module)
 
-    from hetflow.executors._rank import KILLED_WORLD_SHM, mapped_mpi_shm, unlink_mpi_shm
+    from hetflow.executors._rank import KILLED_TREE_SHM, mapped_mpi_shm, unlink_mpi_shm
 
     try:
         parent = psutil.Process(pid)
@@ -94,8 +94,8 @@ def kill_tree(pid: int, wait: bool = True) -> None:
     # The MPI segments its ranks map whose names are still there (Open MPI's; MPICH's of a
     # world killed before its ranks unlinked them at the start, see
     # _rank.forget_mpi_shm_names): removed after the kill, as MPI_Finalize, which they
-    # never reach, would have.
-    shm = set().union(*(mapped_mpi_shm(proc.pid, KILLED_WORLD_SHM) for proc in procs))
+    # never reach, would have; so are multiprocessing's named semaphores (_rank.KILLED_TREE_SHM).
+    shm = set().union(*(mapped_mpi_shm(proc.pid, KILLED_TREE_SHM) for proc in procs))
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -203,7 +203,9 @@ def sweep(token: str, tracked: Optional[Dict[int, int]] = None, group: Optional[
 class _MPIShm:
     """The MPI segments the killed ranks still had linked (Open MPI's; MPICH's of a world
     killed at its start), removed once they are dead: no rank of theirs reaches
-    MPI_Finalize now (hetflow.executors._rank's helpers; nothing to do without them)."""
+    MPI_Finalize now; likewise the named semaphores of a killed Parsl worker pool
+    (``_rank.KILLED_TREE_SHM``; hetflow.executors._rank's helpers, nothing to do without
+    them)."""
 
     def __init__(self):
         try:
@@ -214,7 +216,7 @@ class _MPIShm:
 
     def note(self, pid: int) -> None:
         if self._rank is not None:
-            self.paths |= self._rank.mapped_mpi_shm(pid, self._rank.KILLED_WORLD_SHM)
+            self.paths |= self._rank.mapped_mpi_shm(pid, self._rank.KILLED_TREE_SHM)
 
     def unlink(self) -> None:
         if self._rank is not None:

@@ -18,6 +18,7 @@ import pytest
 import hetflow
 from conftest import EXECUTOR_OPTIONS, PARITY_EXECUTORS
 from hetflow._guardian import marked_processes
+from hetflow.executors._rank import mapped_mpi_shm
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -202,13 +203,15 @@ def _start_client(tmp_path, name):
 
 
 def _kill_client(client, token):
-    """SIGKILL the client alone; return what it had started (its tree, and token holders)."""
+    """SIGKILL the client alone; return what it had started (its tree, and token holders)
+    and the named semaphores those mapped (Python multiprocessing's: a Parsl worker pool's)."""
     started = psutil.Process(client.pid).children(recursive=True)
     started += [psutil.Process(pid) for pid in marked_processes(token)
                 if psutil.pid_exists(pid)]
+    semaphores = set().union(*(mapped_mpi_shm(p.pid, ("/dev/shm/sem.mp-",)) for p in started))
     os.kill(client.pid, signal.SIGKILL)
     client.wait()
-    return started
+    return started, semaphores
 
 
 def _assert_runtime_died(name, token, started, client):
@@ -252,13 +255,17 @@ def test_killed_client_takes_its_runtime_with_it_and_the_campaign_resumes(tmp_pa
             time.sleep(0.05)                       # both ranks of task 3 are running
         held = _ranks_holding(marks)
     finally:
-        started = _kill_client(first, token) if token else []
+        started, semaphores = _kill_client(first, token) if token else ([], set())
         if first.poll() is None:
             first.kill()
             first.wait()
         first.stdout.close()
     assert done_before_kill == {0, 1, 2} and held == 2, first.stderr.read()[-3000:]
     _assert_runtime_died(name, token, started, first)
+    # ... and the names of the semaphores they held (multiprocessing's resource tracker,
+    # which would have removed them, died with them)
+    assert semaphores or name != "parsl"
+    assert not [path for path in semaphores if os.path.exists(path)]
     # the guardian also removed the runtime's temp run dir
     assert not [n for n in os.listdir(tmp_path / "tmp") if n.startswith("hetflow-")]
 
