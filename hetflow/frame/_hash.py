@@ -175,12 +175,18 @@ def _int_partition(xp, col, parts: int, small) -> np.ndarray:
     alone decides the destination (any integer width reads as int64), so tables keyed by equal
     values are co-partitioned whatever the process or chunking."""
     chunks = [c for c in col.chunks if len(c)] if isinstance(col, pa.ChunkedArray) else [col]
+    # 2**k ranks: ((h >> 32) * 2**k) >> 32 is h >> (64 - k), the same destinations in two
+    # passes fewer
+    bits = parts.bit_length() - 1 if 1 < parts <= 2**32 and parts & (parts - 1) == 0 else None
     out = []
     for arr in chunks:
         h = xp.asarray(_int64_repr(arr)).view(np.uint64) * _GOLDEN  # a new array: safe in place
-        h >>= np.uint64(32)
-        h *= np.uint64(parts)
-        h >>= np.uint64(32)
+        if bits is not None:
+            h >>= np.uint64(64 - bits)
+        else:
+            h >>= np.uint64(32)
+            h *= np.uint64(parts)
+            h >>= np.uint64(32)
         out.append(h.astype(small))
         del h
     dest = out[0] if len(out) == 1 else (xp.concatenate(out) if out else xp.zeros(0, small))

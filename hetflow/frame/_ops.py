@@ -139,21 +139,25 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
     partitions (:data:`BATCH_BYTES`) move every column of both sides in one exchange instead:
     there the waits for the peers, not the memory, are what costs."""
     size = comm.Get_size()
+    if size == 1:   # nothing moves: the columns as they are
+        fetch_left, fetch_right = _column_of(left), _column_of(right)
+        keys = {"left": fetch_left(lkey), "right": fetch_right(rkey)}
+        with phase("local"):
+            li, ri = _localjoin.match(keys["left"], keys["right"], how)
+            return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how,
+                                       suffixes, fetch_left, fetch_right, keys)
     xp = _backend.array_module(be)
     routes = []
     for table, key in ((left, lkey), (right, rkey)):
-        if size == 1:
-            order, offsets = np.arange(table.num_rows, dtype=np.int32), [0, table.num_rows]
-        else:
-            dest = _hash.partition_of(xp, table, [key], size)
-            order, offsets = _exchange.split_by(dest, size)
-            del dest
+        dest = _hash.partition_of(xp, table, [key], size)
+        order, offsets = _exchange.split_by(dest, size)
+        del dest
         routes.append((order, offsets, table))
         del order
     left_route, right_route = _exchange.RowExchange.several(comm, routes)
     del routes
     fetch_left, fetch_right = left_route.column, right_route.column
-    if size > 1 and _batched(left, right):
+    if _batched(left, right):
         # small partitions: every column of both sides in one exchange (latency-bound)
         requests = ([(left_route, i) for i in range(left.num_columns)] +
                     [(right_route, i) for i in range(right.num_columns)])
@@ -169,6 +173,12 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
         li, ri = _localjoin.match(keys["left"], keys["right"], how)
         return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
                                    fetch_left, fetch_right, keys)
+
+
+def _column_of(table: pa.Table):
+    """``name -> the column as one array``: what a one-rank exchange would give, without
+    checking that its row order is the identity (a pass over every row of the table)."""
+    return lambda name: _arrays._single(table.column(name))
 
 
 #: Below this many bytes of partitions on a rank, an operation moves all their columns in one
