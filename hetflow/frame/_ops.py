@@ -138,14 +138,21 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
     column in flight, instead of a shuffled copy of both tables beside the output. Small
     partitions (:data:`BATCH_BYTES`) move every column of both sides in one exchange instead:
     there the waits for the peers, not the memory, are what costs."""
-    size = comm.Get_size()
-    if size == 1:   # nothing moves: the columns as they are
+    if comm.Get_size() == 1:   # nothing moves: the columns as they are
         fetch_left, fetch_right = _column_of(left), _column_of(right)
         keys = {"left": fetch_left(lkey), "right": fetch_right(rkey)}
-        with phase("local"):
-            li, ri = _localjoin.match(keys["left"], keys["right"], how)
-            return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how,
-                                       suffixes, fetch_left, fetch_right, keys)
+    else:
+        keys, fetch_left, fetch_right = _shuffled_keys(comm, left, right, lkey, rkey, be)
+    with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
+        li, ri = _localjoin.match(keys["left"], keys["right"], how)
+        return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
+                                   fetch_left, fetch_right, keys)
+
+
+def _shuffled_keys(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, be: str):
+    """Route both tables' rows by their key's partition (collective): this rank's key columns
+    (``{"left": ..., "right": ...}``) and a ``name -> column`` fetch per side for the rest."""
+    size = comm.Get_size()
     xp = _backend.array_module(be)
     routes = []
     for table, key in ((left, lkey), (right, rkey)):
@@ -156,23 +163,18 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
         del order
     left_route, right_route = _exchange.RowExchange.several(comm, routes)
     del routes
-    fetch_left, fetch_right = left_route.column, right_route.column
-    if _batched(left, right):
-        # small partitions: every column of both sides in one exchange (latency-bound)
-        requests = ([(left_route, i) for i in range(left.num_columns)] +
-                    [(right_route, i) for i in range(right.num_columns)])
-        got = _exchange.fetch_together(requests)
-        left_cols = dict(zip(left.schema.names, got[:left.num_columns]))
-        right_cols = dict(zip(right.schema.names, got[left.num_columns:]))
-        del got
-        fetch_left, fetch_right = left_cols.pop, right_cols.pop
-        keys = {"left": left_cols.pop(lkey), "right": right_cols.pop(rkey)}
-    else:
-        keys = {"left": left_route.column(lkey), "right": right_route.column(rkey)}
-    with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
-        li, ri = _localjoin.match(keys["left"], keys["right"], how)
-        return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
-                                   fetch_left, fetch_right, keys)
+    if not _batched(left, right):
+        return ({"left": left_route.column(lkey), "right": right_route.column(rkey)},
+                left_route.column, right_route.column)
+    # small partitions: every column of both sides in one exchange (latency-bound)
+    requests = ([(left_route, i) for i in range(left.num_columns)] +
+                [(right_route, i) for i in range(right.num_columns)])
+    got = _exchange.fetch_together(requests)
+    left_cols = dict(zip(left.schema.names, got[:left.num_columns]))
+    right_cols = dict(zip(right.schema.names, got[left.num_columns:]))
+    del got
+    keys = {"left": left_cols.pop(lkey), "right": right_cols.pop(rkey)}
+    return keys, left_cols.pop, right_cols.pop
 
 
 def _column_of(table: pa.Table):
