@@ -129,10 +129,11 @@ def time_limit_s(limit, runtime: str) -> int:
     return hours * 3600 + minutes * 60 + seconds
 
 
-def request_slots(request: dict) -> int:
-    """Rank slots a request asks for: ``ntasks``, else its nodes' CPUs (``sinfo``)."""
+def request_slots(request: dict, env_var: str = "SBATCH_PARTITION") -> int:
+    """Rank slots a request asks for: ``ntasks``, else its nodes' CPUs (``sinfo``; the
+    partition as :func:`partition_sinfo` finds it: a pilot job is an ``sbatch`` job)."""
     return request.get("ntasks") or (
-        request.get("nodes", 1) * partition_cpus_per_node(request.get("partition")))
+        request.get("nodes", 1) * partition_cpus_per_node(request.get("partition"), env_var))
 
 
 class BatchAllocation:
@@ -180,14 +181,36 @@ class BatchAllocation:
             self.job_id = None
 
 
-def partition_cpus_per_node(partition: Optional[str] = None) -> int:
-    """The fewest CPUs a node of the partition has (``sinfo``), 1 if unknown."""
-    cmd = ["sinfo", "-h", "-o", "%c"] + (["-p", partition] if partition else [])
+def partition_sinfo(field: str, partition: Optional[str] = None,
+                    env_var: Optional[str] = None) -> Optional[List[str]]:
+    """``sinfo``'s ``field`` (``"%C"``, ``"%c"``, ...) on each of its lines for the
+    partition a job is sent to: ``partition``, else ``$env_var`` (the submitting tool's
+    own, ``SBATCH_PARTITION`` or ``SALLOC_PARTITION``), else the cluster's default (the
+    one ``sinfo`` marks ``*``). Without a partition ``sinfo`` lists every partition, and
+    a node in several is listed once in each. None if ``sinfo`` fails."""
+    partition = partition or (os.environ.get(env_var) if env_var else None) or None
+    cmd = ["sinfo", "-h", "-o", f"%P {field}"] + (["-p", partition] if partition else [])
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.split()
-        return min(int(c.rstrip("+")) for c in out) if out else 1
-    except (OSError, ValueError, subprocess.TimeoutExpired):
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    rows = [line.split(None, 1) for line in out.stdout.splitlines() if line.strip()]
+    if partition is None:
+        rows = [row for row in rows if row[0].endswith("*")]
+    return [row[1].strip() for row in rows if len(row) == 2]
+
+
+def partition_cpus_per_node(partition: Optional[str] = None,
+                            env_var: str = "SALLOC_PARTITION") -> int:
+    """The fewest CPUs a node of the partition a job lands in has (``sinfo``; see
+    :func:`partition_sinfo`), 1 if unknown."""
+    try:
+        cpus = [int(c.rstrip("+")) for c in partition_sinfo("%c", partition, env_var) or ()]
+    except ValueError:
         return 1
+    return min(cpus) if cpus else 1
 
 
 def write_nodefile(path: str, count: int, environ=None) -> List[str]:

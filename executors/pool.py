@@ -55,7 +55,7 @@ from hetflow.errors import ConfigError, ExecutorBroken, LaunchError, ResourcesUn
 from hetflow.executors import _pool_wire as wire
 from hetflow.executors._pool_faults import RunningTask, settle_lost
 from hetflow.executors._pool_sched import PoolScheduler
-from hetflow.executors.allocation import BatchAllocation, partition_cpus_per_node
+from hetflow.executors.allocation import BatchAllocation, request_slots
 from hetflow.executors._pool_worlds import (TEARDOWN_GRACE_S, Slot, World, Worlds,
                                              launcher_prefix)
 from hetflow.executors._rank import collect
@@ -128,8 +128,7 @@ class PoolExecutor(Executor):
                                   "hostfile=/launcher=, not both")
             self.batch = BatchAllocation(slurm)
             if max_ranks is None:
-                max_ranks = slurm.get("ntasks") or (
-                    slurm.get("nodes", 1) * partition_cpus_per_node(slurm.get("partition")))
+                max_ranks = request_slots(slurm, "SALLOC_PARTITION")   # salloc's
             self.batch.request.setdefault("ntasks", max_ranks)
             launcher = ["srun", "--ntasks={ranks}", "--kill-on-bad-exit=0"]
         super().__init__(label, max_ranks=max_ranks, gpus=gpus, max_bypass=max_bypass)

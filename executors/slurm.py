@@ -32,6 +32,7 @@ import time
 from typing import Dict, Optional, Sequence
 
 from hetflow.errors import LaunchError
+from hetflow.executors.allocation import partition_sinfo
 from hetflow.executors.kernel import Executor, Task
 from hetflow.executors.launch import tail
 from hetflow.executors.taskdir import LAUNCHER, Deaths, TaskDir, write_private
@@ -58,20 +59,20 @@ def slurm_tool(name: str) -> str:
 
 
 def partition_cpus(partition: Optional[str] = None) -> int:
-    """How many CPUs the partition (default: the default one) has in all."""
-    cmd = [slurm_tool("sinfo"), "-h", "-o", "%C"]
-    if partition:
-        cmd += ["-p", partition]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    """How many CPUs the partition a batch job lands in has in all: ``partition``, else
+    ``$SBATCH_PARTITION``, else the cluster's default (not every partition's: ``sinfo``
+    lists each of them)."""
+    slurm_tool("sinfo")
+    lines = partition_sinfo("%C", partition, "SBATCH_PARTITION")
     total = 0
-    for line in out.stdout.split():
+    for line in lines or ():
         try:
             total += int(line.split("/")[3])        # allocated/idle/other/total
         except (IndexError, ValueError):
             continue
-    if out.returncode != 0 or total < 1:
-        raise LaunchError(f"sinfo found no CPUs in partition {partition or '(default)'}: "
-                          f"{out.stderr.strip() or out.stdout.strip()}")
+    if total < 1:
+        raise LaunchError(f"sinfo found no CPUs in partition {partition or '(default)'}"
+                          + ("" if lines is not None else ": sinfo failed"))
     return total
 
 

@@ -47,6 +47,15 @@ PARITY_EXECUTORS = ["mpirun", "parsl", "pool", "radical", "slurm"]
 
 #: Executors that need the Slurm test cluster: their tests get the ``slurm`` marker.
 SLURM_EXECUTORS = {"slurm"}
+#: The test cluster's partitions (.ci/slurm) and their nodes: ``debug`` is the default; a
+#: test marked ``slurm_partition("compute")`` runs its jobs there, in a chain of its own.
+PARTITION_NODES = {"debug": ["n1", "n2"], "compute": ["n3", "n4"]}
+SECOND_PARTITION = "compute"
+
+
+def on_second_partition(*values):
+    """``pytest.param`` of ``values`` marked to run on :data:`SECOND_PARTITION`."""
+    return pytest.param(*values, marks=pytest.mark.slurm_partition(SECOND_PARTITION))
 ROOT = os.path.dirname(HERE)
 _slurm_missing = []     # [reason or None], once per session
 
@@ -143,15 +152,18 @@ def pytest_configure(config):
 def xdist_group_of(item) -> Optional[str]:
     """The tests that must run in one worker, one after another (``--dist loadgroup``).
 
-    - Every Slurm test: the test cluster has 4 CPUs, and its tests ask for all of them
-      (allocations, placement); two at once would wait on each other's jobs.
+    - Every Slurm test, one group per partition of the test cluster: a partition has 4
+      CPUs, and its tests ask for all of them (allocations, placement); two at once would
+      wait on each other's jobs. Most run on the default partition; those marked
+      ``slurm_partition(name)`` (a second chain, about half as long) on theirs.
     - The tests that share a runtime (``SharedRuntime``): one group per executor.
     - Tests that share a module- or class-scoped fixture: one group per module and
       fixture parameter, so each worker does not start the fixture's runtime again.
     Any other test runs wherever a worker is free.
     """
     if item.get_closest_marker("slurm") is not None:
-        return "slurm"
+        partition = item.get_closest_marker("slurm_partition")
+        return "slurm" if partition is None else f"slurm-{partition.args[0]}"
     shared = shared_runtime_of(item)
     if shared is not None:
         return f"runtime-{shared}"

@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from conftest import HERE, ROOT
+from conftest import HERE, ROOT, SECOND_PARTITION, on_second_partition
 
 pytestmark = pytest.mark.slurm
 
@@ -50,12 +50,19 @@ RUN_TIMEOUT_S = {"radical": 900}   # pilot start is slow (a busy 2-core machine:
 MODULES = {("radical", "1 node"): ["test_parity.py"]}
 
 
-@pytest.mark.parametrize("shape", list(ALLOCATIONS))
-@pytest.mark.parametrize("name", list(OPTIONS))
+#: Runtimes whose runs take the second partition (conftest.SECOND_PARTITION), in a chain of
+#: Slurm tests beside the others: radical's pilots are the longest runs.
+ON_SECOND_PARTITION = {"radical"}
+
+
+@pytest.mark.parametrize("name, shape", [
+    on_second_partition(name, shape) if name in ON_SECOND_PARTITION else (name, shape)
+    for name in OPTIONS for shape in ALLOCATIONS])
 def test_parity_and_faults_inside_an_allocation(name, shape):
     timeout = RUN_TIMEOUT_S.get(name, 480)
     options = {name: {"max_ranks": None, **OPTIONS[name]}}
-    cmd = ["salloc", *ALLOCATIONS[shape], f"--time={timeout // 60 + 2}",
+    partition = [f"--partition={SECOND_PARTITION}"] if name in ON_SECOND_PARTITION else []
+    cmd = ["salloc", *ALLOCATIONS[shape], *partition, f"--time={timeout // 60 + 2}",
            "timeout", "-k", "10", str(timeout),
            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--rootdir={ROOT}",
            "-c", os.path.join(ROOT, "pyproject.toml"),

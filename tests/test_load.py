@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 import hetflow
-from conftest import EXECUTOR_OPTIONS, PARITY_EXECUTORS, lived
+from conftest import EXECUTOR_OPTIONS, PARITY_EXECUTORS, lived, on_second_partition
 from hetflow._guardian import marked_processes
 
 #: Default task count per executor (see the module docstring); others run 500.
@@ -79,9 +79,15 @@ def private_tmp(tmp_path, monkeypatch):
 
 
 @pytest.mark.after_shared_runtime
-@pytest.mark.parametrize("name", PARITY_EXECUTORS)
-def test_many_mixed_tasks_lose_nothing_and_leak_nothing(name, private_tmp):
-    options = EXECUTOR_OPTIONS[name]
+@pytest.mark.parametrize("name", [on_second_partition(name) if name == "slurm" else name
+                                  for name in PARITY_EXECUTORS])
+def test_many_mixed_tasks_lose_nothing_and_leak_nothing(name, private_tmp, request):
+    options = dict(EXECUTOR_OPTIONS[name])
+    partition = request.node.get_closest_marker("slurm_partition")
+    if partition is not None:
+        # The slurm case: 100 batch jobs, each started on slurmctld's 1 s scheduling
+        # tick, so mostly waiting: on a partition of its own beside the other Slurm tests.
+        options["partition"] = partition.args[0]
     tasks = task_count(name)
     # One short life first: imports and lazily opened descriptors (log files, entropy) are
     # the interpreter's, not leaks. The shared runtime's (conftest.SharedRuntime) was one

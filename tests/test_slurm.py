@@ -10,6 +10,7 @@ import time
 import pytest
 
 import hetflow
+from conftest import PARTITION_NODES, SECOND_PARTITION
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
 
@@ -133,16 +134,20 @@ def test_parsl_started_by_the_batch_system(tmp_path):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slurm_partition(SECOND_PARTITION)
 def test_radical_started_by_the_batch_system():
-    # The pilot is a Slurm job (hetflow's Slurm resource config): its agent runs in the
-    # job on n1, its RAPTOR worker's ranks on both nodes, node by node.
-    with hetflow.runtime("radical", slurm={"nodes": 2, "ntasks": 4, "time": "8"},
-                         startup_timeout=300) as dfk:
+    # The pilot is a Slurm job (hetflow's Slurm resource config) in the partition it
+    # names (not the default one): its agent runs in the job on its first node, its
+    # RAPTOR worker's ranks on both nodes, node by node.
+    first, second = PARTITION_NODES[SECOND_PARTITION]
+    with hetflow.runtime("radical", startup_timeout=300,
+                         slurm={"nodes": 2, "ntasks": 4, "time": "8",
+                                "partition": SECOND_PARTITION}) as dfk:
         radical = dfk.executors["radical"]
         job = radical.slurm_job_id
         assert radical.max_ranks == 4
-        assert job is not None and _job_state(job) == ("RUNNING", "n[1-2]")
-        assert where().result(timeout=120) == ["n1", "n1", "n2", "n2"]
+        assert job is not None and _job_state(job) == ("RUNNING", f"n[{first[1:]}-{second[1:]}]")
+        assert where().result(timeout=120) == [first, first, second, second]
         assert sizes().result(timeout=120) == [2, 2]
     _gone(job)
     # PSI/J (RP's job submitter) leaves the job's script and output in ~/.psij: removed.
@@ -172,6 +177,27 @@ def test_pilot_slurm_requests_are_checked():
     with pytest.raises(hetflow.ConfigError, match="no extra sbatch args"):
         RadicalExecutor(slurm={"nodes": 2, "args": ["--exclusive"]})
     assert RadicalExecutor(slurm={"nodes": 2}).max_ranks == 4     # the nodes' CPUs (sinfo)
+
+
+def test_partition_sizes_are_the_partitions_own(monkeypatch):
+    # sinfo lists every partition (the test cluster has two of 4 CPUs each): a runtime
+    # with no partition sizes itself from the one its jobs land in, not from all of them.
+    from hetflow.executors.allocation import partition_sinfo
+    from hetflow.executors.slurm import SlurmExecutor, partition_cpus
+
+    monkeypatch.delenv("SBATCH_PARTITION", raising=False)
+    listed = subprocess.run(["sinfo", "-h", "-o", "%P %C"], capture_output=True, text=True,
+                            check=True).stdout.split()
+    assert listed[::2] == ["debug*", SECOND_PARTITION], listed     # 8 CPUs in all
+    assert partition_cpus() == partition_cpus("debug") == partition_cpus(SECOND_PARTITION) == 4
+    assert SlurmExecutor().max_ranks == 4
+    assert partition_sinfo("%N") == ["n[1-2]"]                     # the default: debug*
+    assert partition_sinfo("%N", SECOND_PARTITION) == ["n[3-4]"]
+    monkeypatch.setenv("SBATCH_PARTITION", SECOND_PARTITION)        # where sbatch sends jobs
+    assert partition_sinfo("%N", env_var="SBATCH_PARTITION") == ["n[3-4]"]
+    assert partition_sinfo("%N", "debug", env_var="SBATCH_PARTITION") == ["n[1-2]"]
+    with pytest.raises(hetflow.LaunchError, match="no CPUs in partition nowhere"):
+        partition_cpus("nowhere")
 
 
 def test_parsl_ranks_packed_by_node():
