@@ -410,11 +410,29 @@ def scaling(args) -> int:
             for p in names:
                 print(f"{p:<11}" + "".join(f"{table[r].get(p, (0, 0))[0]:>14.3f}"
                                            f"{table[r].get(p, (0, 0))[1]:>8.3f}" for r in counts))
+            _print_bound(op, counts, summary, table, args.weak)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args),
                        "runs": {f"{op}@{r}": v for (op, r), v in summary.items()}}, fh)
     return 0
+
+
+def _print_bound(op, counts, summary, table, weak: bool) -> None:
+    """What the ranks' local work alone allows: the speed-up (strong) or efficiency (weak) if
+    every phase but ``local`` cost nothing, from the same run. The ranks' local phases run at
+    once on a shared node, so this bound also holds what the node's cores lose to each other
+    (memory bandwidth, caches): no shuffle, however fast, takes the op past it here."""
+    t0 = statistics.median(summary[(op, counts[0])]["times"])
+    parts = []
+    for r in counts[1:]:
+        local = table[r].get("local", (0.0, 0.0))[0]
+        measured = t0 / statistics.median(summary[(op, r)]["times"])
+        bound = t0 / local if local > 0 else float("inf")
+        parts.append(f"{r} ranks {bound:.2f} (measured {measured:.2f})")
+    what = (f"efficiency against {counts[0]} rank(s)" if weak
+            else f"speed-up over {counts[0]} rank(s)")
+    print(f"{op}: {what} if every phase but 'local' were free: " + ", ".join(parts))
 
 
 def _here_if_pycylon():

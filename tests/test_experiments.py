@@ -213,6 +213,9 @@ def test_engine_scaling_bench_runs_from_a_checkout():
     assert sorted((op, r) for op, r, _ in rows) == [("join", "1"), ("join", "2"),
                                                      ("sort", "1"), ("sort", "2")], run.stdout
     assert "join: per-phase wall s" in run.stdout and "exchange" in run.stdout
+    bounds = re.findall(r"^(join|sort): speed-up over 1 rank\(s\) if every phase but 'local' "
+                        r"were free: 2 ranks ([0-9.]+|inf) \(measured ([0-9.]+)\)$", run.stdout, re.M)
+    assert [op for op, _, _ in bounds] == ["join", "sort"], run.stdout
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pycylon") is None,
