@@ -29,9 +29,11 @@ demo: $(PY)
 	$(PY) -m pip install -q '.[mpich]'
 	$(VENV)/bin/hetflow demo
 
-# Everything CI runs (.ci/run): the whole suite, then the lowest declared versions, then
-# Open MPI as a second MPI.
-test: test-main test-lowest test-openmpi
+# Everything CI runs (.ci/run): the whole suite, then, side by side, the lowest declared
+# versions and Open MPI as a second MPI (the first waits mostly on Slurm's queue, the second
+# uses no Slurm; each one's output is printed whole when it ends).
+test: test-main
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-lowest test-openmpi
 
 # The whole suite on a plain install, checked to be the one imported (the tests must not
 # pass by reading the source tree). uv installs it in ~5 s where pip took ~35 s; hetflow
