@@ -182,20 +182,23 @@ class BatchAllocation:
 
 
 def partition_sinfo(field: str, partition: Optional[str] = None,
-                    env_var: Optional[str] = None) -> Optional[List[str]]:
+                    env_var: Optional[str] = None) -> List[str]:
     """``sinfo``'s ``field`` (``"%C"``, ``"%c"``, ...) on each of its lines for the
     partition a job is sent to: ``partition``, else ``$env_var`` (the submitting tool's
     own, ``SBATCH_PARTITION`` or ``SALLOC_PARTITION``), else the cluster's default (the
     one ``sinfo`` marks ``*``). Without a partition ``sinfo`` lists every partition, and
-    a node in several is listed once in each. None if ``sinfo`` fails."""
+    a node in several is listed once in each. ``LaunchError`` (with sinfo's words) if
+    ``sinfo`` fails."""
+    from hetflow.errors import LaunchError
+
     partition = partition or (os.environ.get(env_var) if env_var else None) or None
     cmd = ["sinfo", "-h", "-o", f"%P {field}"] + (["-p", partition] if partition else [])
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LaunchError(f"sinfo failed: {exc}", command=cmd) from exc
     if out.returncode != 0:
-        return None
+        raise LaunchError(f"sinfo failed ({out.returncode}): {out.stderr.strip()}", command=cmd)
     rows = [line.split(None, 1) for line in out.stdout.splitlines() if line.strip()]
     if partition is None:
         rows = [row for row in rows if row[0].endswith("*")]
@@ -206,9 +209,11 @@ def partition_cpus_per_node(partition: Optional[str] = None,
                             env_var: str = "SALLOC_PARTITION") -> int:
     """The fewest CPUs a node of the partition a job lands in has (``sinfo``; see
     :func:`partition_sinfo`), 1 if unknown."""
+    from hetflow.errors import LaunchError
+
     try:
-        cpus = [int(c.rstrip("+")) for c in partition_sinfo("%c", partition, env_var) or ()]
-    except ValueError:
+        cpus = [int(c.rstrip("+")) for c in partition_sinfo("%c", partition, env_var)]
+    except (LaunchError, ValueError):
         return 1
     return min(cpus) if cpus else 1
 

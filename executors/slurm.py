@@ -63,16 +63,14 @@ def partition_cpus(partition: Optional[str] = None) -> int:
     ``$SBATCH_PARTITION``, else the cluster's default (not every partition's: ``sinfo``
     lists each of them)."""
     slurm_tool("sinfo")
-    lines = partition_sinfo("%C", partition, "SBATCH_PARTITION")
     total = 0
-    for line in lines or ():
+    for line in partition_sinfo("%C", partition, "SBATCH_PARTITION"):
         try:
             total += int(line.split("/")[3])        # allocated/idle/other/total
         except (IndexError, ValueError):
             continue
     if total < 1:
-        raise LaunchError(f"sinfo found no CPUs in partition {partition or '(default)'}"
-                          + ("" if lines is not None else ": sinfo failed"))
+        raise LaunchError(f"sinfo found no CPUs in partition {partition or '(default)'}")
     return total
 
 

@@ -179,10 +179,10 @@ def test_pilot_slurm_requests_are_checked():
     assert RadicalExecutor(slurm={"nodes": 2}).max_ranks == 4     # the nodes' CPUs (sinfo)
 
 
-def test_partition_sizes_are_the_partitions_own(monkeypatch):
+def test_partition_sizes_are_the_partitions_own(monkeypatch, tmp_path):
     # sinfo lists every partition (the test cluster has two of 4 CPUs each): a runtime
     # with no partition sizes itself from the one its jobs land in, not from all of them.
-    from hetflow.executors.allocation import partition_sinfo
+    from hetflow.executors.allocation import partition_cpus_per_node, partition_sinfo
     from hetflow.executors.slurm import SlurmExecutor, partition_cpus
 
     monkeypatch.delenv("SBATCH_PARTITION", raising=False)
@@ -198,6 +198,13 @@ def test_partition_sizes_are_the_partitions_own(monkeypatch):
     assert partition_sinfo("%N", "debug", env_var="SBATCH_PARTITION") == ["n[1-2]"]
     with pytest.raises(hetflow.LaunchError, match="no CPUs in partition nowhere"):
         partition_cpus("nowhere")
+    # sinfo itself failing (a config it cannot read): its own words, not a count
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    with pytest.raises(hetflow.LaunchError, match=r"(?s)sinfo failed .*ClusterName"):
+        partition_cpus()
+    assert partition_cpus_per_node() == 1                           # the pilots' fallback
 
 
 def test_parsl_ranks_packed_by_node():
