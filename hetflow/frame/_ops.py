@@ -112,6 +112,7 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
         from hetflow.frame import _pycylon
         return _pycylon.join(left, right, lk, rk, how, suffixes)
     be = _backend.resolve(backend)
+    _backend.heap_pad_for(left.local.nbytes + right.local.nbytes)
     no_null_keys = not any(sum(f) for f in facts)
     if no_null_keys and _localjoin.fast_key_ok(left.local.schema, right.local.schema, lk, rk, how):
         out = _join_streamed(comm, left.local, right.local, lk[0], rk[0], how, tuple(suffixes),
@@ -257,6 +258,7 @@ def sort(table: DistributedTable, by, ascending: Union[bool, Sequence[bool]] = T
         from hetflow.frame import _pycylon
         return _pycylon.sort(table, names, asc)
     be = _backend.resolve(backend)
+    _backend.heap_pad_for(table.local.nbytes)
     any_nulls = any(sum(f[i] for f in facts) for i in range(len(names)))
     fast = len(names) == 1 and _is_numeric(schema.field(names[0]).type) and not any_nulls
     if fast:
