@@ -57,6 +57,7 @@ def shuffle(table: DistributedTable, on, *, backend: Optional[str] = None) -> Di
         from hetflow.frame import _pycylon
         return _pycylon.shuffle(table, names)
     be = _backend.resolve(backend)
+    _backend.heap_pad_for(table.local.nbytes)
     out = _shuffle_local(table.comm, table.local, names, be)
     return DistributedTable(table.comm, out, backend=be if table.comm.Get_size() > 1 else "cpu")
 
@@ -504,6 +505,7 @@ class GroupBy:
             from hetflow.frame import _pycylon
             return _pycylon.groupby_agg(t, self.by, plan)
         be = _backend.resolve(backend)
+        _backend.heap_pad_for(t.local.nbytes)
         # Pre-aggregate locally (sum/count/min/max partials; mean as sum and count) so only
         # one row per group and rank crosses the network.
         partial_aggs, partial_names = [], []
@@ -565,6 +567,7 @@ def unique(table: DistributedTable, subset=None, *,
         from hetflow.frame import _pycylon
         return _pycylon.unique(table, names)
     be = _backend.resolve(backend)
+    _backend.heap_pad_for(table.local.nbytes)
     shuffled = _shuffle_local(table.comm, table.local, names, be)
     marker = "__hetflow_row"
     while marker in schema.names:
