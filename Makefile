@@ -73,8 +73,8 @@ test-openmpi: openmpi $(UV)
 	export HETFLOW_MPIEXEC=$(OMPI_MPIEXEC); $(call PYTEST,$(OPENMPI)) test_parity.py test_faults.py \
 	  test_shm.py -k "(mpirun or pool) and not leaves_nothing or killed_before_it_unlinked or aborted_world"
 
-# A Slurm test cluster on this host, two partitions of two nodes (root; installs slurm-wlm and munge when
-# missing); both idempotent. Slurm's tests skip without it (and fail in CI).
+# A Slurm test cluster on this host, two partitions of two nodes (root; installs slurm-wlm
+# and munge when missing); both idempotent. Slurm's tests skip without it (and fail in CI).
 slurm-up:
 	.ci/slurm up
 

@@ -56,6 +56,8 @@ SECOND_PARTITION = "compute"
 def on_second_partition(*values):
     """``pytest.param`` of ``values`` marked to run on :data:`SECOND_PARTITION`."""
     return pytest.param(*values, marks=pytest.mark.slurm_partition(SECOND_PARTITION))
+
+
 ROOT = os.path.dirname(HERE)
 _slurm_missing = []     # [reason or None], once per session
 

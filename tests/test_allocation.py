@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from conftest import HERE, ROOT, SECOND_PARTITION, on_second_partition
+from conftest import HERE, ROOT, on_second_partition
 
 pytestmark = pytest.mark.slurm
 
@@ -58,10 +58,11 @@ ON_SECOND_PARTITION = {"radical"}
 @pytest.mark.parametrize("name, shape", [
     on_second_partition(name, shape) if name in ON_SECOND_PARTITION else (name, shape)
     for name in OPTIONS for shape in ALLOCATIONS])
-def test_parity_and_faults_inside_an_allocation(name, shape):
+def test_parity_and_faults_inside_an_allocation(name, shape, request):
     timeout = RUN_TIMEOUT_S.get(name, 480)
     options = {name: {"max_ranks": None, **OPTIONS[name]}}
-    partition = [f"--partition={SECOND_PARTITION}"] if name in ON_SECOND_PARTITION else []
+    marker = request.node.get_closest_marker("slurm_partition")
+    partition = [f"--partition={marker.args[0]}"] if marker is not None else []
     cmd = ["salloc", *ALLOCATIONS[shape], *partition, f"--time={timeout // 60 + 2}",
            "timeout", "-k", "10", str(timeout),
            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--rootdir={ROOT}",

@@ -168,7 +168,7 @@ TRIM_THRESHOLD = 4 << 20
 SMALL_BYTES = 16 << 20
 HEAP_PAD = 8 << 20
 _libc = None        # glibc, once _tune_allocators has tuned it
-_pad_now = [0]
+_pad_now = 0        # the M_TOP_PAD last set
 
 
 def _tune_allocators() -> None:
@@ -214,9 +214,10 @@ def heap_pad_for(nbytes: int) -> None:
     """Before an operation on ``nbytes`` of partitions: the heap pad it should run with
     (:data:`HEAP_PAD` below :data:`SMALL_BYTES`, else none); a no-op unless the allocators
     were tuned (see :func:`_tune_allocators`)."""
+    global _pad_now
     if _libc is None:
         return
     want = HEAP_PAD if nbytes < SMALL_BYTES else 0
-    if want != _pad_now[0]:
+    if want != _pad_now:
         _libc.mallopt(-2, want)               # M_TOP_PAD
-        _pad_now[0] = want
+        _pad_now = want
