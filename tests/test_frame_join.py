@@ -130,7 +130,7 @@ mpiutil.report({"failures": failures, "checked": checked})
 """
 
 
-@pytest.mark.parametrize("ranks", [1, 3])
+@pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_join_integer_key_types(ranks):
     """Every integer key width, dense and wide key ranges, extreme values: the direct-address
     and sort-merge kernels agree with polars for all four join types."""
@@ -138,3 +138,77 @@ def test_join_integer_key_types(ranks):
     reports = run.values(ranks)
     assert reports[0]["checked"] == 8 * 4
     assert reports[0]["failures"] == [], "\n".join(reports[0]["failures"][:10])
+
+
+MODULAR_SCRIPT = r"""
+import numpy as np
+import pyarrow as pa
+import polars as pl
+from mpi4py import MPI
+from hetflow import frame
+from hetflow.frame import _localjoin
+from frame_cases import same_rows
+import mpiutil
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+failures = []
+
+# The local match with a stride == without one, for keys that share a remainder (one rank's
+# keys under the modular partition): every integer width, negative keys, both extremes.
+rng = np.random.default_rng(rank)
+for dtype in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint32, np.uint64):
+    info = np.iinfo(dtype)
+    for stride in (2, 3, 4, 5):
+        for low, high in ((info.min, min(info.max, info.min + 300)),
+                          (max(info.min, info.max - 300), info.max),
+                          (max(info.min, -150), min(info.max, 150))):
+            keys = rng.integers(low, high, 400, endpoint=True, dtype=dtype)
+            keys[:2] = low, high
+            r = int(rng.integers(0, stride))
+            keep = np.remainder(keys.astype(np.int64) if dtype != np.uint64 else
+                                keys.view(np.int64), stride) == r
+            a, b = keys[keep], rng.permutation(keys[keep])[: max(1, keep.sum() // 2)]
+            for how in ("inner", "left", "right", "outer"):
+                got = _localjoin.match(pa.array(a), pa.array(b), how, stride)
+                exp = _localjoin.match(pa.array(a), pa.array(b), how)
+                if sorted(zip(*map(list, got))) != sorted(zip(*map(list, exp))):
+                    failures.append(f"match {np.dtype(dtype)} stride={stride} [{low}, {high}] {how}")
+
+def _part_of(seed, stride, r, rows=4000, high=6000):
+    g = np.random.default_rng([seed, r])
+    return pa.table({"key": g.integers(0, high, rows) * stride, "v": g.integers(-9, 9, rows)})
+
+for label, seed, stride in (("even remainders", 1, 1), (f"keys on a stride of {size}", 2, size)):
+    left, right = _part_of(seed, stride, rank), _part_of(seed + 50, stride, rank)
+    out = frame.join(frame.from_local(comm, left), frame.from_local(comm, right), on="key",
+                     how="outer", suffixes=("", "_right"))
+    keys = out.local.column("key").to_numpy()
+    residues = sorted(set(np.remainder(keys, size).tolist()))
+    shares = comm.allgather(len(keys))
+    got = out.gather()
+    if stride == 1 and residues != [rank]:
+        failures.append(f"{label}: rank {rank} holds keys with remainders {residues}")
+    if stride > 1 and min(shares) < 0.6 * sum(shares) / size:
+        failures.append(f"{label}: output rows per rank {shares}, not spread by the hash")
+    if rank == 0:
+        L = pa.concat_tables([_part_of(seed, stride, r) for r in range(size)])
+        R = pa.concat_tables([_part_of(seed + 50, stride, r) for r in range(size)])
+        exp = pl.from_arrow(L).join(pl.from_arrow(R), on="key", how="full", coalesce=True,
+                                    suffix="_right").to_arrow()
+        problem = same_rows(got, exp)
+        if problem:
+            failures.append(f"{label}: {problem}")
+mpiutil.report({"failures": comm.allgather(failures)})
+"""
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_integer_keys_go_to_their_remainder_unless_that_is_uneven(ranks):
+    """The modular partition (key mod P, Cylon's for integer keys): rank r gets the keys with
+    remainder r when those are even over the ranks, and its local match addresses them by
+    their quotient (checked against the plain match for every integer width and both
+    extremes); keys on a stride of P (all remainder 0) are hashed instead and spread."""
+    run = run_mpi(MODULAR_SCRIPT, ranks, timeout=180)
+    failures = [f for per_rank in run.values(ranks)[0]["failures"] for f in per_rank]
+    assert failures == [], "\n".join(failures[:10])

@@ -11,6 +11,7 @@ The mixing runs on ``xp`` = numpy or cupy (the GPU path).
 """
 from __future__ import annotations
 
+import sys
 from typing import Sequence
 
 import numpy as np
@@ -18,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import NotSupported
-from hetflow.frame._arrays import to_numpy
+from hetflow.frame._arrays import plain_values, to_numpy
 from hetflow.frame._phases import phase
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -154,7 +155,7 @@ def partition_of(xp, table: pa.Table, keys: Sequence[str], parts: int) -> np.nda
 
 def _partition_of(xp, table: pa.Table, keys: Sequence[str], parts: int) -> np.ndarray:
     small = np.uint8 if parts <= 256 else np.uint16 if parts <= 2**16 else np.int64
-    if len(keys) == 1 and _is_integer_like(table.schema.field(keys[0]).type):
+    if len(keys) == 1 and is_integer_like(table.schema.field(keys[0]).type):
         return _int_partition(xp, table.column(keys[0]), parts, small)
     h = hash_rows(xp, table, keys)
     dest = (h % np.uint64(parts)).astype(small)
@@ -162,7 +163,7 @@ def _partition_of(xp, table: pa.Table, keys: Sequence[str], parts: int) -> np.nd
     return dest if xp is np else xp.asnumpy(dest)
 
 
-def _is_integer_like(t: pa.DataType) -> bool:
+def is_integer_like(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or (pa.types.is_temporal(t) and not pa.types.is_interval(t))
 
 
@@ -191,3 +192,52 @@ def _int_partition(xp, col, parts: int, small) -> np.ndarray:
         del h
     dest = out[0] if len(out) == 1 else (xp.concatenate(out) if out else xp.zeros(0, small))
     return dest if xp is np else xp.asnumpy(dest)
+
+
+#: The modular partition (below) serves up to this many ranks: its balance check travels as
+#: ``parts`` counts per rank in the operation's collective check (an allgather).
+MODULAR_MAX_PARTS = 64
+#: The modular partition is used when no destination gets more than this share above an even
+#: split of the rows (or :data:`MODULAR_SLACK_ROWS`, which decides for small tables).
+MODULAR_TOLERANCE = 0.05
+MODULAR_SLACK_ROWS = 1024
+
+
+def modular_partition(col, parts: int) -> np.ndarray:
+    """Destinations ``key mod parts`` of one null-free integer (or temporal) key column, as
+    small ints: Cylon's partitioner for integer keys. Rank r then holds only keys ``q * parts +
+    r``, so its join can address its keys by ``q`` in a table ``parts`` times smaller than the
+    keys' range (:func:`hetflow.frame._localjoin.match`'s ``stride``), where a hashed partition
+    leaves every rank keys spread over the whole range. Unlike hashing it is not spread evenly
+    for keys on a stride (all even, timestamps in whole seconds): :func:`modular_balanced` says
+    whether it is for the data at hand. The remainder is that of the key's int64
+    representation (:func:`_int64_repr`), non-negative, so any width and signedness gives one
+    destination per value; for 2**k ranks it is the key's low k bits, read from its low byte."""
+    small = np.uint8 if parts <= 256 else np.uint16 if parts <= 2**16 else np.int64
+    chunks = [c for c in col.chunks if len(c)] if isinstance(col, pa.ChunkedArray) else [col]
+    pow2 = parts & (parts - 1) == 0
+    out = []
+    for arr in chunks:
+        raw = plain_values(arr)
+        if pow2 and parts <= 256 and raw is not None and sys.byteorder == "little":
+            out.append(raw.view(np.uint8)[::raw.itemsize] & np.uint8(parts - 1))
+        elif pow2:
+            out.append((_int64_repr(arr) & (parts - 1)).astype(small))
+        else:
+            out.append(np.remainder(_int64_repr(arr), parts).astype(small))
+    return out[0] if len(out) == 1 else (np.concatenate(out) if out else np.zeros(0, small))
+
+
+def residue_counts(dest: np.ndarray, parts: int) -> np.ndarray:
+    """Rows per destination of :func:`modular_partition`'s output (int64, ``parts`` long)."""
+    if parts <= 8:  # a scan of the 1-byte destinations per rank: bincount would widen them
+        return np.array([np.count_nonzero(dest == d) for d in range(parts)], np.int64)
+    return np.bincount(dest, minlength=parts).astype(np.int64)
+
+
+def modular_balanced(counts: np.ndarray) -> bool:
+    """Whether the modular partition's global rows per destination (``counts``, summed over
+    the ranks and tables) are even enough: see :data:`MODULAR_TOLERANCE`."""
+    counts = np.asarray(counts, np.int64)
+    even = counts.sum() / len(counts)
+    return bool(counts.max() <= even * (1 + MODULAR_TOLERANCE) + MODULAR_SLACK_ROWS)

@@ -25,11 +25,15 @@ ARROW_JOIN_TYPE = {"inner": "inner", "left": "left outer", "right": "right outer
                    "anti": "left anti"}
 
 
+#: The joins :func:`match` serves (the others run Arrow's hash join).
+FAST_HOW = ("inner", "left", "right", "outer", "full")
+
+
 def fast_key_ok(lschema: pa.Schema, rschema: pa.Schema, lk, rk, how) -> bool:
     """Whether the join can run on the sort-merge/direct-address kernels (given that neither
     key column has nulls): one integer or temporal key, an equi-join that returns columns of
     both sides, and no name clash between one side's key and the other's non-key columns."""
-    if len(lk) != 1 or how not in ("inner", "left", "right", "outer", "full"):
+    if len(lk) != 1 or how not in FAST_HOW:
         return False
     t = lschema.field(lk[0]).type
     if not (pa.types.is_integer(t) or (pa.types.is_temporal(t) and not pa.types.is_interval(t))):
@@ -52,14 +56,21 @@ def join(left: pa.Table, right: pa.Table, lk: Sequence[str], rk: Sequence[str], 
                     left.column, right.column, keys)
 
 
-def match(left_key: pa.Array, right_key: pa.Array, how: str):
+def match(left_key: pa.Array, right_key: pa.Array, how: str, stride: int = 1):
     """Row-index pairs (left, right) of the join of two null-free integer/temporal key arrays;
-    -1 marks the missing side of an outer join's unmatched row."""
+    -1 marks the missing side of an outer join's unmatched row.
+
+    ``stride``: every key of both arrays leaves the same remainder modulo ``stride`` (one
+    rank's rows of :func:`hetflow.frame._hash.modular_partition`), so keys are told apart by
+    their quotient and the direct-address table spans the keys' range divided by ``stride``."""
     a, b = to_numpy(left_key), to_numpy(right_key)
     if len(a) and len(b):
-        span = int(b.max()) - int(b.min()) + 1
+        if stride > 1 and b.dtype == np.uint64:
+            # the partition took remainders of the int64 representation: quotients of it too
+            a, b = a.view(np.int64), b.view(np.int64)
+        span = int(b.max()) // stride - int(b.min()) // stride + 1
         if span <= 4 * (len(a) + len(b)) + 4096:
-            return _match_dense(a, b, how)
+            return _match_dense(a, b, how, stride)
     return _match_sorted(_localsort.numeric_key(a), _localsort.numeric_key(b), how)
 
 
@@ -99,26 +110,32 @@ def _expand(row_count: np.ndarray, row_first: np.ndarray, right_order: np.ndarra
     return left_rows, right_rows
 
 
-def _match_dense(a: np.ndarray, b: np.ndarray, how: str):
-    """Keys in a dense range (the common case after hashing integer ids): a direct-address
-    table over the right keys' range replaces sorting the left side and binary search. ``a``
-    and ``b`` are integer arrays of one dtype; only differences from the right's minimum are
-    formed, so any integer type works without a widening copy."""
-    lo, hi = b.min(), b.max()
+def _match_dense(a: np.ndarray, b: np.ndarray, how: str, stride: int = 1):
+    """Keys in a dense range (the common case for integer ids): a direct-address table over
+    the right keys' range (of quotients by ``stride``, see :func:`match`) replaces sorting the
+    left side and binary search. ``a`` and ``b`` are integer arrays of one dtype; only
+    differences from the right's minimum are formed, so any integer type works without a
+    widening copy."""
+    if stride == 1:
+        lo, hi = b.min(), b.max()
+        a_lo, a_hi = lo, hi
+    else:
+        lo, hi = int(b.min()) // stride, int(b.max()) // stride
+        # the left keys whose quotient is in [lo, hi] (clipped to the dtype: no overflow)
+        info = np.iinfo(a.dtype)
+        a_lo = a.dtype.type(max(lo * stride, info.min))
+        a_hi = a.dtype.type(min(hi * stride + stride - 1, info.max))
     span = int(hi) - int(lo) + 1
     it = _index_type(span, len(a), len(b))
-    wide = np.uint64 if b.dtype.kind == "u" else np.int64  # narrow types would overflow
-    bk = np.empty(len(b), it)
-    np.subtract(b, lo, out=bk, dtype=wide, casting="unsafe")
+    bk = _offsets(b, lo, stride, it)
     bo = _localsort.radix_argsort(bk.view(np.uint32 if it is np.int32 else np.uint64)
                                   ).astype(it, copy=False)
     ends = np.bincount(bk, minlength=span)
     np.cumsum(ends, out=ends)  # ends[k]: right rows with key <= lo + k
     ends = ends.astype(it)
-    inside = (a >= lo) & (a <= hi)
-    ak = np.empty(len(a), it)
-    np.subtract(a, lo, out=ak, dtype=wide, casting="unsafe")  # outside the range they may wrap:
-    ak[~inside] = 0                                # they are masked here
+    inside = (a >= a_lo) & (a <= a_hi)
+    ak = _offsets(a, lo, stride, it)  # outside the range they may wrap:
+    ak[~inside] = 0                   # they are masked here
     row_first = gather(ends, ak - 1)  # ak - 1 == -1 is clipped to 0: fixed just below
     row_first[ak == 0] = 0
     row_count = gather(ends, ak)
@@ -144,6 +161,22 @@ def _match_dense(a: np.ndarray, b: np.ndarray, how: str):
     if len(parts_l) == 1:
         return left_rows, right_rows
     return np.concatenate(parts_l), np.concatenate(parts_r)
+
+
+def _offsets(x: np.ndarray, lo, stride: int, it) -> np.ndarray:
+    """``x // stride - lo`` as index type ``it`` (one pass; by slices of :data:`_CHUNK` rows
+    with a ``stride``, so the quotients' temporary stays in cache)."""
+    out = np.empty(len(x), it)
+    wide = np.uint64 if x.dtype.kind == "u" else np.int64  # narrow types would overflow
+    if stride == 1:
+        np.subtract(x, lo, out=out, dtype=wide, casting="unsafe")
+        return out
+    shift = stride.bit_length() - 1 if stride & (stride - 1) == 0 else None
+    for i in range(0, len(x), _CHUNK):
+        part = x[i:i + _CHUNK]
+        q = part >> shift if shift is not None else part // stride  # floor, like the remainder
+        np.subtract(q, lo, out=out[i:i + _CHUNK], dtype=wide, casting="unsafe")
+    return out
 
 
 def _match_sorted(a: np.ndarray, b: np.ndarray, how: str):

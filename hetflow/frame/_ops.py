@@ -100,8 +100,9 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
     if not (isinstance(suffixes, (tuple, list)) and len(suffixes) == 2):
         raise ConfigError(f"join: suffixes must be a pair of strings, got {suffixes!r}")
     key_nulls = [_null_count(left.local, lk), _null_count(right.local, rk)]
+    residues, counts = _modular_candidate(comm, left.local, right.local, lk, rk, how)
     facts = _check.agree(comm, [left.local.schema, right.local.schema], what=("left", "right"),
-                         facts=key_nulls)
+                         facts=key_nulls + counts)
     _check.check_columns(left.local.schema, lk, "join", "left table")
     _check.check_columns(right.local.schema, rk, "join", "right table")
     for a, b in zip(lk, rk):
@@ -114,10 +115,12 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
         return _pycylon.join(left, right, lk, rk, how, suffixes)
     be = _backend.resolve(backend)
     _backend.heap_pad_for(left.local.nbytes + right.local.nbytes)
-    no_null_keys = not any(sum(f) for f in facts)
+    no_null_keys = not any(f[0] + f[1] for f in facts)
     if no_null_keys and _localjoin.fast_key_ok(left.local.schema, right.local.schema, lk, rk, how):
+        if residues is not None and not _modular_agreed([f[2:] for f in facts]):
+            residues = None
         out = _join_streamed(comm, left.local, right.local, lk[0], rk[0], how, tuple(suffixes),
-                             be)
+                             be, residues)
         return DistributedTable(comm, out, backend=be if comm.Get_size() > 1 else "cpu")
     lt = _shuffle_local(comm, _canonical_zero(left.local, lk), lk, be)
     rt = _shuffle_local(comm, _canonical_zero(right.local, rk), rk, be)
@@ -127,38 +130,75 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
     return DistributedTable(comm, out, backend=be if comm.Get_size() > 1 else "cpu")
 
 
+def _modular_candidate(comm, left: pa.Table, right: pa.Table, lk, rk, how: str):
+    """Both sides' :func:`~hetflow.frame._hash.modular_partition` (or None) and this rank's
+    rows per destination for the collective check (-1s where this rank cannot use it).
+
+    Whether the counts are sent depends only on the arguments every rank passes alike (the
+    rank count, the key names, ``how``), so every rank's check carries as many facts."""
+    size = comm.Get_size()
+    if not (1 < size <= _hash.MODULAR_MAX_PARTS and len(lk) == 1 and len(rk) == 1
+            and how in _localjoin.FAST_HOW):
+        return None, []
+    sides = ((left, lk[0]), (right, rk[0]))
+    if not all(t.schema.get_field_index(k) >= 0 and not t.column(k).null_count
+               and _hash.is_integer_like(t.schema.field(k).type) for t, k in sides):
+        return None, [-1] * size
+    with phase("partition"):
+        residues = [_hash.modular_partition(t.column(k), size) for t, k in sides]
+        counts = sum(_hash.residue_counts(r, size) for r in residues)
+    return residues, [int(c) for c in counts]
+
+
+def _modular_agreed(counts) -> bool:
+    """Every rank could use the modular partition, and it spreads the rows of all of them
+    evenly enough (``counts``: each rank's rows per destination, as sent by the check)."""
+    counts = np.asarray(counts, np.int64)
+    return bool((counts >= 0).all()) and _hash.modular_balanced(counts.sum(axis=0))
+
+
 def _null_count(table: pa.Table, names: Sequence[str]) -> int:
     """Nulls in the ``names`` columns that exist (missing ones are reported collectively later)."""
     return sum(table.column(n).null_count for n in names if table.schema.get_field_index(n) >= 0)
 
 
 def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, how: str,
-                   suffixes, be: str) -> pa.Table:
+                   suffixes, be: str, residues=None) -> pa.Table:
     """Join on one null-free integer key with late materialisation: only the key columns are
     shuffled before the local match; each payload column is then shuffled when the output
     gathers it and dropped right after. A rank holds its input, its output and about one
     column in flight, instead of a shuffled copy of both tables beside the output. Small
     partitions (:data:`BATCH_BYTES`) move every column of both sides in one exchange instead:
-    there the waits for the peers, not the memory, are what costs."""
+    there the waits for the peers, not the memory, are what costs.
+
+    ``residues``: both sides' destinations by the modular partition, agreed on by every rank
+    (the local match then addresses keys by their quotient); else the rows are hashed."""
     if comm.Get_size() == 1:   # nothing moves: the columns as they are
         fetch_left, fetch_right = _column_of(left), _column_of(right)
         keys = {"left": fetch_left(lkey), "right": fetch_right(rkey)}
     else:
-        keys, fetch_left, fetch_right = _shuffled_keys(comm, left, right, lkey, rkey, be)
+        keys, fetch_left, fetch_right = _shuffled_keys(comm, left, right, lkey, rkey, be,
+                                                       residues)
+    stride = comm.Get_size() if residues is not None else 1
     with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
-        li, ri = _localjoin.match(keys["left"], keys["right"], how)
+        li, ri = _localjoin.match(keys["left"], keys["right"], how, stride)
         return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
                                    fetch_left, fetch_right, keys)
 
 
-def _shuffled_keys(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, be: str):
+def _shuffled_keys(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, be: str,
+                   residues=None):
     """Route both tables' rows by their key's partition (collective): this rank's key columns
-    (``{"left": ..., "right": ...}``) and a ``name -> column`` fetch per side for the rest."""
+    (``{"left": ..., "right": ...}``) and a ``name -> column`` fetch per side for the rest.
+    ``residues``: the two sides' destinations, already chosen (else the keys are hashed)."""
     size = comm.Get_size()
     xp = _backend.array_module(be)
     routes = []
-    for table, key in ((left, lkey), (right, rkey)):
-        dest = _hash.partition_of(xp, table, [key], size)
+    for i, (table, key) in enumerate(((left, lkey), (right, rkey))):
+        if residues is not None:
+            dest = residues[i]
+        else:
+            dest = _hash.partition_of(xp, table, [key], size)
         order, offsets = _exchange.split_by(dest, size)
         del dest
         routes.append((order, offsets, table))
