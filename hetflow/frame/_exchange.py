@@ -64,12 +64,16 @@ _RAW, _IPC = 0, 1
 # work) than cores, a rank that waits for a slower peer burns the CPU that peer needs, and its
 # CPU seconds double the operation's real work. Every wait of the exchange therefore posts a
 # non-blocking call and polls it with MPI_Testall: a few hundred polls at full speed (a peer
-# that is already there costs nothing extra), then sleeps from 20 us doubling to 0.25 ms
-# between polls (a wake-up costs microseconds of CPU; a late one at most 0.25 ms of wall time).
+# that is already there costs nothing extra), then sleeps from 20 us doubling to 50 us between
+# polls (a wake-up costs a few microseconds of CPU, under a tenth of a core at that rate).
+# The cap is short because one wait spans several steps of MPICH's protocol (the peer's
+# request, the copy, the acknowledgement), each seen only at a poll: with 0.25 ms a 2-rank sort
+# of 100k rows per rank spent ~2 ms of its ~5 ms in waits, with 50 us ~0.6 ms of ~3.7 ms, and
+# 3 ranks sharing 2 cores ran their 4M-row join no slower.
 # Large messages between ranks of one node go by CMA (one kernel copy done by the receiver
 # inside a single poll, MPICH's default here), never a copy stalled on the sender's progress.
 _SPIN_POLLS = 200
-_FIRST_SLEEP, _MAX_SLEEP = 20e-6, 250e-6
+_FIRST_SLEEP, _MAX_SLEEP = 20e-6, 50e-6
 
 
 def wait_all(requests) -> None:
