@@ -64,14 +64,15 @@ def _reset_peak() -> bool:
 
 # -- the ranks' side ------------------------------------------------------------------------
 def _barrier(comm) -> None:
-    """The timing barrier, waited for asleep: MPICH's blocking barrier busy-polls, and on a
-    node with more runnable processes than cores the rank that finished first would take CPU
-    from the one still working, inflating the very time being measured."""
-    req = comm.Ibarrier()
-    delay = 20e-6
-    while not req.Test():
-        time.sleep(delay)
-        delay = min(2 * delay, 1e-3)
+    """The timing barrier: the engine's own (:func:`hetflow.frame.barrier`), which polls at
+    full speed for a moment and then sleeps at most 50 us between polls. MPICH's blocking
+    barrier busy-polls, so on a node with more runnable processes than cores the rank that
+    finished first would take CPU from the one still working, inflating the very time being
+    measured; a barrier that sleeps longer (this one slept up to 1 ms) adds its oversleep to
+    every multi-rank time, a seventh of a 7 ms join, and nothing to a one-rank time."""
+    from hetflow.frame import barrier
+
+    barrier(comm)
 
 
 def _cylon_op(args, comm):
@@ -393,7 +394,7 @@ def scaling(args) -> int:
             t, c = statistics.median(m["times"]), statistics.median(m["cpu"])
             mem = max((x["peak_rss_mib"] - x["base_rss_mib"]) / x["partition_mib"]
                       for x in m["memory"])
-            print(f"{op:<5} {r:>5} {t:>9.3f} {min(m['times']):>7.3f} {c:>12.3f} {t0 / t:>9.2f} "
+            print(f"{op:<5} {r:>5} {t:>9.4f} {min(m['times']):>7.4f} {c:>12.4f} {t0 / t:>9.2f} "
                   f"{c / c0:>10.2f} {mem:>17.2f}")
     print("speed-up: median time at the first rank count / median time here; cpu ratio: CPU "
           "seconds of all ranks here / at the first rank count")
@@ -408,8 +409,8 @@ def scaling(args) -> int:
             print(f"\n{op}: per-phase wall s (slowest rank) / CPU s (all ranks), medians")
             print(f"{'phase':<11}" + "".join(f"{f'{r} rank wall':>14}{'cpu':>8}" for r in counts))
             for p in names:
-                print(f"{p:<11}" + "".join(f"{table[r].get(p, (0, 0))[0]:>14.3f}"
-                                           f"{table[r].get(p, (0, 0))[1]:>8.3f}" for r in counts))
+                print(f"{p:<11}" + "".join(f"{table[r].get(p, (0, 0))[0]:>14.4f}"
+                                           f"{table[r].get(p, (0, 0))[1]:>8.4f}" for r in counts))
             _print_bound(op, counts, summary, table, args.weak)
     if args.json:
         with open(args.json, "w") as fh:
