@@ -73,9 +73,19 @@ def test_payload_round_trip_keeps_resources():
 @pytest.mark.timeout(150)
 def test_frame_import_does_not_import_pandas(tmp_path):
     found = imported_by("from hetflow import frame", tmp_path)
-    assert {"numpy", "pyarrow", "mpi4py"} <= found
+    assert {"numpy", "pyarrow"} <= found
     assert "pandas" not in found
     assert not found & {"parsl", "psutil", "zmq"}, sorted(found & {"parsl", "psutil", "zmq"})
+
+
+@pytest.mark.timeout(150)
+def test_importing_the_engine_does_not_initialise_mpi(tmp_path):
+    # Importing mpi4py.MPI initialises MPI. A client that imports the engine beside its apps
+    # must not become an MPI singleton: every process it forks would leave MPICH's segment in
+    # /dev/shm. The engine imports it when a rank first calls it.
+    modules = modules_after("from hetflow import frame\nimport hetflow.frame._ops", tmp_path)
+    assert "hetflow.frame._exchange" in modules
+    assert "mpi4py.MPI" not in modules
 
 
 @pytest.mark.timeout(150)

@@ -24,12 +24,26 @@ from typing import List, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
-from mpi4py import MPI
-
 from hetflow.frame._arrays import _raw_width, _single, arrow_of, from_values, plain_values, take_into
 from hetflow.frame._phases import phase
 
 _INT_MAX = 2**31 - 1
+
+
+class _LazyMPI:
+    """mpi4py's ``MPI`` module, imported at its first use. Importing ``mpi4py.MPI`` initialises
+    MPI, and a process that only imports the engine must not: a client that defines its apps
+    beside ``from hetflow import frame`` would become an MPI singleton, and every process it
+    forks would leave MPICH's shared-memory segment in /dev/shm (or trip Open MPI's fork
+    check). The ranks, which call the engine, initialise MPI as before."""
+
+    def __getattr__(self, name):
+        from mpi4py import MPI
+
+        return getattr(MPI, name)
+
+
+MPI = _LazyMPI()
 
 
 def _write_stream(sink, schema: pa.Schema, table: pa.Table) -> None:

@@ -12,10 +12,9 @@ from typing import Dict, List, Optional, Sequence, Union
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from mpi4py import MPI
-
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
 from hetflow.frame import _arrays, _backend, _check, _exchange, _hash, _localjoin, _localsort
+from hetflow.frame._exchange import MPI
 from hetflow.frame._phases import phase
 from hetflow.frame._table import DistributedTable
 
