@@ -51,7 +51,12 @@ _TRACK_S = 0.5
 
 # ---- /proc/<pid>/stat, read once for everyone (this module, the launchers, the pool)
 #: Indexes into :func:`stat_fields` (``proc(5)`` field number minus 3).
-STATE, PPID, PGRP, START_TICKS = 0, 1, 2, 19
+STATE, PPID, PGRP, FLAGS, START_TICKS = 0, 1, 2, 6, 19
+#: The kernel-thread bit of the flags (PF_KTHREAD): such a thread has no environment at all.
+_PF_KTHREAD = 0x00200000
+#: How long a process whose environment and command line both read empty (in execve, or
+#: exiting) is waited for to read as one or the other.
+_EXEC_WAIT_S = 1.0
 
 
 def stat_fields(pid) -> Optional[List[bytes]]:
@@ -87,6 +92,39 @@ def marker(token: str) -> str:
     return ENV_PREFIX + token
 
 
+def _read(path: str) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:                   # gone, or not ours to read
+        return None
+
+
+def process_environ(pid) -> Optional[bytes]:
+    """The environment block of ``pid`` (NUL-separated), or None if it is gone or not ours.
+
+    A process inside execve reads as empty: the kernel records where the new image's
+    arguments and environment lie only after it has replaced the memory, so a child read
+    right after ``subprocess.Popen`` returned was empty more than half the time here. So does
+    one releasing its memory as it exits. While both its environment and its command line
+    read empty (a process started with an empty environment still has a command line), it is
+    read again until one of them does, it has ended, or :data:`_EXEC_WAIT_S` passed."""
+    environ = _read(f"/proc/{pid}/environ")
+    if environ != b"":
+        return environ
+    fields = stat_fields(pid)
+    if fields is None or int(fields[FLAGS]) & _PF_KTHREAD:
+        return environ if fields is not None else None
+    deadline, delay = time.monotonic() + _EXEC_WAIT_S, 0.0002
+    while _read(f"/proc/{pid}/cmdline") == b"" and alive(pid) and time.monotonic() < deadline:
+        time.sleep(delay)
+        delay = min(2 * delay, 0.01)
+        environ = _read(f"/proc/{pid}/environ")
+        if environ != b"":
+            return environ
+    return _read(f"/proc/{pid}/environ")
+
+
 def marked_processes(token: str, exclude: tuple = ()) -> List[int]:
     """Pids of live processes whose environment carries ``token`` (zombies excluded)."""
     needle = (marker(token) + "=").encode()
@@ -97,12 +135,8 @@ def marked_processes(token: str, exclude: tuple = ()) -> List[int]:
         pid = int(entry)
         if pid in exclude:
             continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                environ = fh.read()
-        except OSError:               # gone, or not ours to read
-            continue
-        if not alive(pid):
+        environ = process_environ(pid)
+        if environ is None or not alive(pid):
             continue
         # Variables are NUL-separated: match whole names only.
         if environ.startswith(needle) or b"\0" + needle in environ:

@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from hetflow._guardian import marked_processes
+from hetflow._guardian import marked_processes, marker, process_environ
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -153,3 +153,28 @@ def test_the_close_waits_for_what_is_still_exiting_and_leaves_the_users_children
     finally:
         users.kill()
         users.wait()
+
+
+def test_a_process_reads_marked_from_the_moment_it_is_started():
+    # subprocess.Popen returns while the child may still be inside execve, whose environment
+    # then reads empty (more than half the time here): the scan waits for it to read, or a
+    # close's settle and a killed client's sweep could miss a process just started (the race
+    # behind a failure of the test above). A process started with no environment at all
+    # reads empty, as it is.
+    name = marker("0123456789abcdef")
+    env = {**os.environ, name: "1"}
+    for _ in range(100):
+        child = subprocess.Popen(["sleep", "60"], env=env)
+        try:
+            environ = process_environ(child.pid)
+        finally:
+            child.kill()
+            child.wait()
+        assert (name + "=1").encode() in environ.split(b"\0")
+    bare = subprocess.Popen(["sleep", "60"], env={})
+    try:
+        assert process_environ(bare.pid) == b""
+    finally:
+        bare.kill()
+        bare.wait()
+    assert process_environ(bare.pid) is None
