@@ -6,7 +6,8 @@ how the column is chunked. Each column is mapped to a 64-bit integer representat
 temporals and booleans as int64; floats by their bits with -0.0 and NaN canonicalised; strings and
 binaries through a polynomial hash of their bytes, computed once per distinct value), then
 finalised with the splitmix64 mixer and combined column by column. Null keys hash to a constant.
-One integer or temporal key takes a cheaper path (:func:`_int_partition`, Fibonacci hashing).
+One integer or temporal key takes a cheaper path (:func:`_int_partition`, Fibonacci hashing);
+a join on one takes ``key mod P`` (:func:`modular_partition`) where that spreads evenly.
 The mixing runs on ``xp`` = numpy or cupy (the GPU path).
 """
 from __future__ import annotations

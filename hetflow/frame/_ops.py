@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
 from hetflow.frame import _arrays, _backend, _check, _exchange, _hash, _localjoin, _localsort
 from hetflow.frame._exchange import MPI
@@ -69,7 +70,8 @@ _HOW = {"inner": "inner", "left": "left outer", "right": "right outer", "outer":
 def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str = "inner",
          left_on=None, right_on=None, suffixes=("_x", "_y"),
          backend: Optional[str] = None) -> DistributedTable:
-    """Distributed join: hash-shuffle both sides on their keys, then a local hash join.
+    """Distributed join: shuffle both sides on their keys (one integer key by ``key mod P``
+    where that spreads both sides evenly, else by hash), then a local join.
 
     ``how`` is ``"inner"``, ``"left"``, ``"right"``, ``"outer"`` (alias ``"full"``), ``"semi"`` or
     ``"anti"``. Keys are ``on`` (same names on both sides) or ``left_on``/``right_on``; the key
