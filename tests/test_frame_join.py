@@ -146,7 +146,7 @@ import pyarrow as pa
 import polars as pl
 from mpi4py import MPI
 from hetflow import frame
-from hetflow.frame import _localjoin
+from hetflow.frame import _hash, _localjoin
 from frame_cases import same_rows
 import mpiutil
 
@@ -179,7 +179,12 @@ def _part_of(seed, stride, r, rows=4000, high=6000):
     g = np.random.default_rng([seed, r])
     return pa.table({"key": g.integers(0, high, rows) * stride, "v": g.integers(-9, 9, rows)})
 
-for label, seed, stride in (("even remainders", 1, 1), (f"keys on a stride of {size}", 2, size)):
+CASES = [(f"even remainders, counts {how}", 1, 1, limit) for how, limit in
+         (("in the check", 64), ("in an allreduce", 1))]
+CASES += [(f"keys on a stride of {size}, counts {how}", 2, size, limit) for how, limit in
+          (("in the check", 64), ("in an allreduce", 1))]
+for label, seed, stride, limit in CASES:
+    _hash.MODULAR_MAX_PARTS = limit  # 1: the counts' own allreduce, as beyond 64 ranks
     left, right = _part_of(seed, stride, rank), _part_of(seed + 50, stride, rank)
     out = frame.join(frame.from_local(comm, left), frame.from_local(comm, right), on="key",
                      how="outer", suffixes=("", "_right"))
@@ -208,7 +213,9 @@ def test_integer_keys_go_to_their_remainder_unless_that_is_uneven(ranks):
     """The modular partition (key mod P, Cylon's for integer keys): rank r gets the keys with
     remainder r when those are even over the ranks, and its local match addresses them by
     their quotient (checked against the plain match for every integer width and both
-    extremes); keys on a stride of P (all remainder 0) are hashed instead and spread."""
+    extremes); keys on a stride of P (all remainder 0) are hashed instead and spread. Both
+    ways of agreeing on it: the counts in the collective check, and (beyond 64 ranks) in an
+    allreduce of their own."""
     run = run_mpi(MODULAR_SCRIPT, ranks, timeout=180)
     failures = [f for per_rank in run.values(ranks)[0]["failures"] for f in per_rank]
     assert failures == [], "\n".join(failures[:10])

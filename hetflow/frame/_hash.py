@@ -195,8 +195,8 @@ def _int_partition(xp, col, parts: int, small) -> np.ndarray:
     return dest if xp is np else xp.asnumpy(dest)
 
 
-#: The modular partition (below) serves up to this many ranks: its balance check travels as
-#: ``parts`` counts per rank in the operation's collective check (an allgather).
+#: Up to this many ranks, the modular partition's balance check travels as ``parts`` counts per
+#: rank in the operation's collective check (an allgather); beyond, in an allreduce of its own.
 MODULAR_MAX_PARTS = 64
 #: The modular partition is used when no destination gets more than this share above an even
 #: split of the rows (or :data:`MODULAR_SLACK_ROWS`, which decides for small tables).

@@ -102,8 +102,10 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
         raise ConfigError(f"join: suffixes must be a pair of strings, got {suffixes!r}")
     key_nulls = [_null_count(left.local, lk), _null_count(right.local, rk)]
     residues, counts = _modular_candidate(comm, left.local, right.local, lk, rk, how)
+    # up to MODULAR_MAX_PARTS ranks the counts ride in the check (no round of their own)
+    in_check = counts is not None and comm.Get_size() <= _hash.MODULAR_MAX_PARTS
     facts = _check.agree(comm, [left.local.schema, right.local.schema], what=("left", "right"),
-                         facts=key_nulls + counts)
+                         facts=key_nulls + ([int(c) for c in counts] if in_check else []))
     _check.check_columns(left.local.schema, lk, "join", "left table")
     _check.check_columns(right.local.schema, rk, "join", "right table")
     for a, b in zip(lk, rk):
@@ -118,7 +120,8 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
     _backend.heap_pad_for(left.local.nbytes + right.local.nbytes)
     no_null_keys = not any(f[0] + f[1] for f in facts)
     if no_null_keys and _localjoin.fast_key_ok(left.local.schema, right.local.schema, lk, rk, how):
-        if residues is not None and not _modular_agreed([f[2:] for f in facts]):
+        if counts is not None and not _modular_agreed(
+                comm, [f[2:] for f in facts] if in_check else counts):
             residues = None
         out = _join_streamed(comm, left.local, right.local, lk[0], rk[0], how, tuple(suffixes),
                              be, residues)
@@ -133,29 +136,38 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
 
 def _modular_candidate(comm, left: pa.Table, right: pa.Table, lk, rk, how: str):
     """Both sides' :func:`~hetflow.frame._hash.modular_partition` (or None) and this rank's
-    rows per destination for the collective check (-1s where this rank cannot use it).
-
-    Whether the counts are sent depends only on the arguments every rank passes alike (the
-    rank count, the key names, ``how``), so every rank's check carries as many facts."""
+    rows per destination (-1s where this rank cannot use it); ``(None, None)`` where the
+    arguments rule it out. Those depend only on what every rank passes alike (the rank
+    count, the key names, ``how``), so every rank has counts, or none has."""
     size = comm.Get_size()
-    if not (1 < size <= _hash.MODULAR_MAX_PARTS and len(lk) == 1 and len(rk) == 1
-            and how in _localjoin.FAST_HOW):
-        return None, []
+    if not (size > 1 and len(lk) == 1 and len(rk) == 1 and how in _localjoin.FAST_HOW):
+        return None, None
     sides = ((left, lk[0]), (right, rk[0]))
     if not all(t.schema.get_field_index(k) >= 0 and not t.column(k).null_count
                and _hash.is_integer_like(t.schema.field(k).type) for t, k in sides):
-        return None, [-1] * size
+        return None, np.full(size, -1, np.int64)
     with phase("partition"):
         residues = [_hash.modular_partition(t.column(k), size) for t, k in sides]
         counts = sum(_hash.residue_counts(r, size) for r in residues)
-    return residues, [int(c) for c in counts]
+    return residues, counts
 
 
-def _modular_agreed(counts) -> bool:
-    """Every rank could use the modular partition, and it spreads the rows of all of them
-    evenly enough (``counts``: each rank's rows per destination, as sent by the check)."""
-    counts = np.asarray(counts, np.int64)
-    return bool((counts >= 0).all()) and _hash.modular_balanced(counts.sum(axis=0))
+def _modular_agreed(comm, counts) -> bool:
+    """Whether every rank could use the modular partition and it spreads the rows of all of
+    them evenly enough (the same answer on every rank). ``counts``: every rank's rows per
+    destination as the check gathered them (a list of lists), or this rank's alone, summed
+    here over the ranks with one ``Iallreduce`` (beyond :data:`MODULAR_MAX_PARTS` ranks)."""
+    if isinstance(counts, list):
+        every = np.asarray(counts, np.int64)
+        return bool((every >= 0).all()) and _hash.modular_balanced(every.sum(axis=0))
+    mine = np.zeros(len(counts) + 1, np.int64)  # the rows per destination, then "cannot"
+    if (counts < 0).any():
+        mine[-1] = 1
+    else:
+        mine[:-1] = counts
+    total = np.empty_like(mine)
+    _exchange.wait_all([comm.Iallreduce(mine, total, op=MPI.SUM)])
+    return not total[-1] and _hash.modular_balanced(total[:-1])
 
 
 def _null_count(table: pa.Table, names: Sequence[str]) -> int:
