@@ -55,9 +55,20 @@ MODULES = {("radical", "1 node"): ["test_parity.py"]}
 ON_SECOND_PARTITION = {"radical"}
 
 
-@pytest.mark.parametrize("name, shape", [
-    on_second_partition(name, shape) if name in ON_SECOND_PARTITION else (name, shape)
-    for name in OPTIONS for shape in ALLOCATIONS])
+def _allocation_param(name, shape):
+    """One run's parameters. Its pytest timeout lies above the run's own (``timeout`` inside
+    the allocation, then ``subprocess.run``'s), so a run that is too slow is ended by those,
+    which release the allocation and end the runtime's processes. With pytest-timeout's
+    default (300 s) firing first, both stayed: the partition taken, and the runtime running,
+    for up to the run's own timeout (seen beside a CPU load: a radical run past 300 s)."""
+    base = (on_second_partition(name, shape) if name in ON_SECOND_PARTITION
+            else pytest.param(name, shape))
+    return pytest.param(*base.values, marks=[
+        *base.marks, pytest.mark.timeout(RUN_TIMEOUT_S.get(name, 480) + 90)])
+
+
+@pytest.mark.parametrize("name, shape", [_allocation_param(name, shape)
+                                         for name in OPTIONS for shape in ALLOCATIONS])
 def test_parity_and_faults_inside_an_allocation(name, shape, request):
     timeout = RUN_TIMEOUT_S.get(name, 480)
     options = {name: {"max_ranks": None, **OPTIONS[name]}}
