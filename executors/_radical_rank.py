@@ -9,19 +9,27 @@ stack) exactly as the one-launch-per-task path does.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 from hetflow.executors._rank import run_on_rank
 from hetflow.executors.taskdir import TaskDir
 
 
-def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: List[str]) -> bool:
-    """Run one rank's share in a persistent RAPTOR worker; True if it succeeded."""
+def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: List[str],
+                attempt: Optional[str] = None) -> bool:
+    """Run one rank's share in a persistent RAPTOR worker; True if it succeeded.
+
+    ``attempt``: the RP task's uid. A task whose worker was recycled before it started
+    runs again under a new uid, while its old copy may still wait in the RAPTOR master's
+    queue; that copy finds another attempt named in the task dir (or no task dir) and
+    returns at once, so the task's function runs once."""
+    taskdir = TaskDir(taskdir)
+    if attempt is not None and not taskdir.is_attempt(attempt):
+        return True
     if comm is None:
         from mpi4py import MPI
 
         comm = MPI.COMM_SELF
-    taskdir = TaskDir(taskdir)
     # The worker outlives the task, so the evidence hooks are undone afterwards.
     undo = taskdir.record_deaths(comm.Get_rank())
     try:

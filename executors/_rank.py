@@ -24,7 +24,7 @@ if __name__ == "__main__":
 
 from collections.abc import Callable
 
-from hetflow.executors._supervise import supervise
+from hetflow.executors._supervise import KILLED_EXIT, supervise
 from hetflow.executors.taskdir import TaskDir, user_umask
 
 #: Values whose cloudpickle form is plain pickle's (so a rank need not import cloudpickle).
@@ -317,6 +317,10 @@ def unlink_mpi_shm(paths) -> int:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     taskdir = TaskDir(argv[0])
+    if taskdir.stop_requested():
+        # Stopped (walltime, cancel) before this rank started: a launch the runtime could not
+        # stop yet (RP's agent was still starting it) must not run the task after its verdict.
+        return KILLED_EXIT
     supervise(taskdir)                     # from here on: the rank (the supervisor's child)
     meta = taskdir.read_meta()
     bind_rank_environment(meta["resources"], local_rank())

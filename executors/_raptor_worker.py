@@ -19,7 +19,12 @@ and MPICH's blocking calls busy-poll: on a node with more ranks than cores those
 the CPU rank 0 needed (measured: about 1.4 CPU-s per waiting rank and second, 4 ranks on 2
 cores). Here that broadcast first waits for every rank in a non-blocking barrier polled every
 10 ms, so the broadcast itself no longer waits.
+
+Once up (every rank started, registered with the master), rank 0 creates the file named by
+``$HETFLOW_RAPTOR_READY``: hetflow replaces a worker that does not come up
+(``RadicalExecutor._check_worker``).
 """
+import os
 import time
 
 import radical.pilot as rp
@@ -53,3 +58,6 @@ class MPIWorker(rp.raptor.MPIWorker):
             MPI.COMM_WORLD = world
         self._world = world
         unlink_mapped_mpi_shm()
+        ready = os.environ.get("HETFLOW_RAPTOR_READY")
+        if ready and world.Get_rank() == 0:
+            os.close(os.open(ready, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

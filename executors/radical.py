@@ -95,6 +95,15 @@ STALL_KNOB = "HETFLOW_RADICAL_STALL_FIRST_AGENT"
 #: came up never answers, and hetflow then kills the pilot's processes itself).
 CANCEL_WAIT_S = 60
 _WORKER_LOST = "the RAPTOR MPI worker running this task was lost"
+#: A replacement RAPTOR worker that has not come up (its rank 0 reports it, see
+#: ``executors/_raptor_worker.py``) within this many seconds (default: the runtime's
+#: ``startup_timeout``), or whose RP task ended before, is killed and started once more;
+#: after this many such starts in a row the RAPTOR path is broken and its tasks fail.
+WORKER_STARTS = 3
+_WORKER_CHECK_S = 0.25   # how often the watchdog looks at a worker that is not up yet
+#: Set to N, the runtime's first N replacement RAPTOR workers never come up (their ranks
+#: sleep before they start), as one whose launch hung does (tests/test_radical.py).
+WORKER_HANG_KNOB = "HETFLOW_RAPTOR_WORKER_HANG"
 
 
 class _StartStalled(LaunchError):
@@ -192,6 +201,16 @@ class RadicalExecutor(Executor):
         self._watchdog: Optional[threading.Thread] = None
         self._worker_root: Optional[int] = None    # pid of the RAPTOR worker's mpiexec
         self._worker_uid = ""                       # its RP uid (names its hostfile)
+        self._worker_task = None                    # its RP task
+        self._worker_ready = ""                     # the file its rank 0 writes once up
+        self._worker_since = 0.0                    # when it was submitted (monotonic)
+        self._worker_up = False
+        self._worker_starts = 0                     # failed starts in a row
+        self._worker_hangs = 0                      # WORKER_HANG_KNOB: hangs made so far
+        self._worker_lock = threading.RLock()       # one worker kill-and-start at a time
+        self._raptor_broken: Optional[ExecutorBroken] = None
+        #: Seconds a replacement RAPTOR worker may take to come up (see WORKER_STARTS).
+        self.worker_start_s = startup_timeout
         self._rp_children: List[psutil.Process] = []    # the client's children RP started
 
     # ------------------------------------------------------------------ the pilot's life
@@ -399,25 +418,36 @@ class RadicalExecutor(Executor):
             description["named_env"] = "hetflow-never-registered"
         return rp.TaskDescription(description)
 
-    def _start_worker(self) -> None:
+    def _start_worker(self, replacement: bool = False) -> None:
+        """Submit a RAPTOR MPI worker of ``max_ranks`` ranks; its rank 0 writes
+        ``self._worker_ready`` once every rank is up and it has registered with the master
+        (the watchdog gives a replacement ``worker_start_s`` for that)."""
         rp = import_rp()
 
+        self._worker_ready = os.path.join(self.status_dir, f"ready-{time.time_ns()}")
+        environment = {**self.rank_env, "HETFLOW_RAPTOR_READY": self._worker_ready}
+        hang = []
+        if replacement and self._worker_hangs < int(os.environ.get(WORKER_HANG_KNOB) or 0):
+            self._worker_hangs += 1
+            hang = ["sleep 86400"]      # before the rank's Python starts (RP's pre_exec)
         placement = {}
         if self.allocation is not None or self.slurm is not None:
             # Node-packed like the allocation: a task's ranks (the worker's lowest ranks
             # first) share a node when they fit on one.
             placement["ranks_per_node"] = (max(self.allocation.cpus) if self.allocation
                                            else self._slurm_cpus_per_node())
-        self._worker_uid = self._raptor.submit_workers(rp.TaskDescription(
+        self._worker_task = self._raptor.submit_workers(rp.TaskDescription(
             {"mode": rp.RAPTOR_WORKER, "ranks": self.max_ranks, "raptor_class": "MPIWorker",
              # hetflow's (RP's, which unlinks its MPICH segments' names once up)
              "raptor_file": os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                          "_raptor_worker.py"),
              **placement,
-             "environment": dict(self.rank_env),
+             "environment": environment, "pre_exec": hang,
              # A rank killed from outside leaves no evidence of its own; RP's launch script
              # has its status ($RP_RET, after `wait` on $RP_RANK_PID, the rank's pid).
-             "post_exec": [f"echo $RP_RET > {self.status_dir}/exit-$RP_RANK_PID"]}))[0].uid
+             "post_exec": [f"echo $RP_RET > {self.status_dir}/exit-$RP_RANK_PID"]}))[0]
+        self._worker_uid = self._worker_task.uid
+        self._worker_since, self._worker_up = time.monotonic(), False
 
     def _probe(self) -> None:
         """Run one no-op task on the whole worker: it is up, and its mpiexec is known."""
@@ -445,6 +475,7 @@ class RadicalExecutor(Executor):
                               f"(state {rp_task.state}): {rp_task.stderr}",
                               logs=[self.sandbox])
         self._worker_root = self._worker_launcher(taskdir.pids())
+        self._worker_up = True
         taskdir.remove()
 
     def _worker_launcher(self, pids: Dict[int, int]) -> Optional[int]:
@@ -520,10 +551,13 @@ class RadicalExecutor(Executor):
                                   self.client_sys_path())
             description, submit = self._executable_description(task), self._tmgr.submit_tasks
         else:
+            if self._raptor_broken is not None:
+                raise self._raptor_broken
             handle.taskdir.clear()          # a task run again must not see its last run's files
             private_dir(handle.taskdir.path)
             description = self._function_description(task.payload, handle.taskdir,
-                                                     task.resources.ranks)
+                                                     task.resources.ranks, attempt=True)
+            handle.taskdir.set_attempt(description["uid"])
             submit = self._raptor.submit_tasks
         # Known before RP is: its state callback may come before submit_tasks returns.
         handle.uid, handle.failed_seen = description["uid"], None
@@ -548,15 +582,20 @@ class RadicalExecutor(Executor):
         """
         return f"hetflow.{next(self._uid_counter):06d}"
 
-    def _function_description(self, payload: bytes, taskdir: TaskDir, ranks: int):
+    def _function_description(self, payload: bytes, taskdir: TaskDir, ranks: int,
+                              attempt: bool = False):
+        """``attempt``: the ranks run only while the task dir names this RP task's uid
+        (see ``raptor_rank``)."""
         from hetflow.executors._radical_rank import raptor_rank
         rp = import_rp()
 
+        uid = self._next_uid()
         # The worker puts the task's communicator where the first argument is None.
         return rp.TaskDescription({
-            "uid": self._next_uid(), "mode": rp.TASK_FUNCTION, "ranks": ranks,
+            "uid": uid, "mode": rp.TASK_FUNCTION, "ranks": ranks,
             "function": rp.PythonTask(raptor_rank, [None, payload, taskdir.path,
-                                                   self.client_sys_path()], {})})
+                                                   self.client_sys_path(),
+                                                   uid if attempt else None], {})})
 
     def _executable_description(self, task: Task):
         rp = import_rp()
@@ -582,6 +621,7 @@ class RadicalExecutor(Executor):
         with self._lock:
             if self._running.pop(rp_task.uid, None) is None:
                 return
+        _retire(task.handle)
         if task.error is not None:
             self._finish(task)
             return
@@ -638,8 +678,15 @@ class RadicalExecutor(Executor):
     def _watch_raptor(self) -> None:
         """Notice RAPTOR tasks the worker will never report: a rank died, or one failed
         and its peers have waited longer than ``PEER_GRACE_S`` (stuck in a collective)."""
+        checked = 0.0
         while not self._stopping:
             time.sleep(POLL_S)  # a SIGKILLed rank must be seen before Hydra stops its peers
+            if time.monotonic() - checked > _WORKER_CHECK_S:
+                checked = time.monotonic()
+                try:
+                    self._check_worker()
+                except Exception:  # the watchdog must live (logged)
+                    logger.exception("watchdog could not check the RAPTOR worker")
             with self._lock:
                 running = [(uid, t) for uid, t in self._running.items()
                            if t.handle.path == "raptor" and t.error is None]
@@ -656,6 +703,56 @@ class RadicalExecutor(Executor):
                         self._recycle(task, uid)
                 except Exception:  # the watchdog serves every task; it must live (logged)
                     logger.exception("watchdog could not check task %s; checking again", task.id)
+
+    def _check_worker(self) -> None:
+        """Replace a RAPTOR worker that does not come up: its RP task ended first, or it
+        has taken ``worker_start_s`` (seen once: its launch's ``srun`` failed on a node
+        whose slurmd did not answer in time, and Hydra waited on forever). Tasks submitted
+        meanwhile wait in the master's queue and run on the next worker."""
+        if self._worker_up or self._stopping or self._raptor_broken is not None:
+            return
+        uid, task = self._worker_uid, self._worker_task
+        if os.path.exists(self._worker_ready):
+            self._worker_up, self._worker_starts = True, 0
+            return
+        state = getattr(task, "state", None)
+        if state in _FINAL:
+            why = f"RAPTOR worker {uid} ended ({state}) before it came up"
+        elif time.monotonic() - self._worker_since > self.worker_start_s:
+            why = f"RAPTOR worker {uid} did not come up within {self.worker_start_s:.0f} s"
+        else:
+            return
+        self._replace_worker(uid, why)
+
+    def _replace_worker(self, uid: str, why: str) -> None:
+        """Kill worker ``uid`` (unless a recycle replaced it meanwhile) and start another;
+        after ``WORKER_STARTS`` failed starts in a row, fail the RAPTOR tasks instead."""
+        with self._worker_lock:
+            if uid != self._worker_uid or self._worker_up or self._stopping:
+                return
+            logger.warning("%s; starting a new one", why)
+            self.restarts.append(why)
+            try:
+                self._tmgr.cancel_tasks(uid)     # a launch RP has not made yet never happens
+            except Exception:  # noqa: BLE001 - best effort: its processes are killed below
+                pass
+            root = self._worker_launcher({})
+            if root is not None:
+                kill_tree(root)
+            self._worker_starts += 1
+            if self._worker_starts < WORKER_STARTS:
+                self._start_worker(replacement=True)
+                return
+            self._raptor_broken = ExecutorBroken(
+                f"the RAPTOR worker did not come up {WORKER_STARTS} times in a row "
+                f"(last: {why})")
+            with self._lock:
+                victims = [t for t in self._running.values() if t.handle.path == "raptor"]
+                for t in victims:
+                    self._running.pop(t.handle.uid, None)
+        for t in victims:
+            _retire(t.handle)
+            self._finish(t, error=self._raptor_broken)
 
     @staticmethod
     def _lost_or_stuck(handle: _InPilot) -> bool:
@@ -682,6 +779,9 @@ class RadicalExecutor(Executor):
                 return
         deaths = self._deaths(task) if task.error is None else None
         if handle.path == "exec":
+            # Ranks RP's agent starts after the kill below (it may still be launching them;
+            # its cancel does not stop a launch under way) find this and do not run.
+            handle.taskdir.ask_to_stop()
             try:
                 self._tmgr.cancel_tasks(handle.uid)
             except Exception:  # noqa: BLE001 - best effort: the worker is being killed anyway
@@ -704,20 +804,30 @@ class RadicalExecutor(Executor):
             neighbours = [t for t in self._running.values() if t.handle.path == "raptor"]
             for t in neighbours:
                 self._running.pop(t.handle.uid, None)
+        # Copies still queued in the RAPTOR master must not run: not this task's (it ends
+        # here), not its neighbours' (they run again under new uids).
+        for t in [task] + neighbours:
+            _retire(t.handle)
         deaths = self._deaths(task) if task.error is None else None
-        root = next(filter(None, (_launcher_of(t.handle.taskdir.pids())
-                                  for t in [task] + neighbours)), self._worker_root) \
-            or self._worker_launcher({})
-        if root is not None:
-            kill_tree(root)
-        self._worker_root = None
-        if not self._stopping:       # (at shutdown the kernel fails the neighbours)
-            try:
-                self._start_worker()
-            except Exception as exc:  # noqa: BLE001 - the neighbours must learn of it
+        with self._worker_lock:
+            root = next(filter(None, (_launcher_of(t.handle.taskdir.pids())
+                                      for t in [task] + neighbours)), self._worker_root) \
+                or self._worker_launcher({})
+            if root is not None:
+                kill_tree(root)
+            self._worker_root = None
+            restart = not self._stopping     # (at shutdown the kernel fails the neighbours)
+            error = None
+            if restart:
+                try:
+                    self._start_worker(replacement=True)
+                except Exception as exc:  # noqa: BLE001 - the neighbours must learn of it
+                    error = exc
+        if restart:
+            if error is not None:
                 for t in neighbours:
                     self._finish(t, error=ExecutorBroken(f"RAPTOR worker could not restart: "
-                                                         f"{exc}"))
+                                                         f"{error}"))
             else:
                 with self._lock:     # atomically: the freed slots go to the neighbours first
                     for t in neighbours:
@@ -737,6 +847,16 @@ def _text(output) -> str:
     if isinstance(output, list):
         return "\n".join(s or "" for s in output)
     return output or ""
+
+
+def _retire(handle: _InPilot) -> None:
+    """No copy of this RAPTOR task's current RP task may run from now on (see
+    ``raptor_rank``); its task dir may be gone already."""
+    if handle.path == "raptor":
+        try:
+            handle.taskdir.set_attempt("")
+        except OSError:
+            pass
 
 
 def _worker_lost(taskdir: TaskDir) -> bool:

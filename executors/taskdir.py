@@ -18,6 +18,9 @@ file                  written by  what
                                  started (Open MPI's), removed by the client on host ``h``
                                  when the launch has ended
 ``cancel``            client     asks a remote launcher to stop the job
+``attempt``           client     the RP task running it now (radical's RAPTOR path: a copy
+                                 of an earlier attempt that a RAPTOR master still held
+                                 finds another name there and does not run)
 ``launcher.json``     launcher   where the job's launcher runs (host, pid, start ticks);
                                  a batch job's script: ``job`` id, ``launched`` (its
                                  start), then ``returncode`` (srun's) when it ends
@@ -45,6 +48,7 @@ from hetflow._private import PRIVATE_UMASK, private_dir, private_umask, user_uma
 Deaths = dict[int, tuple[str, str]]
 
 PAYLOAD, META, CANCEL, LAUNCHER = "task.pkl", "meta.json", "cancel", "launcher.json"
+ATTEMPT = "attempt"
 
 
 def _private(path: str, flags: int) -> int:
@@ -104,6 +108,18 @@ class TaskDir:
 
     def stop_requested(self) -> bool:
         return os.path.exists(self.file(CANCEL))
+
+    def set_attempt(self, name: str) -> None:
+        """Name the attempt that runs the task from now on (see ``ATTEMPT``)."""
+        write_private(self.file(ATTEMPT), name.encode())
+
+    def is_attempt(self, name: str) -> bool:
+        """Whether ``name`` is the task's current attempt (False once the dir is gone)."""
+        try:
+            with open(self.file(ATTEMPT), "rb") as fh:
+                return fh.read().decode() == name
+        except OSError:
+            return False
 
     def clear(self) -> None:
         """Empty the dir (a task that runs again must not see its last run's files)."""

@@ -16,7 +16,9 @@ import pytest
 
 import hetflow
 from conftest import shared_runtime
+from mpiutil import mpiexec
 from hetflow._guardian import marked_processes
+from hetflow.executors import radical
 from hetflow.executors.radical import (LOCAL_RESOURCE, RadicalExecutor, _launcher_named,
                                        local_resource_config, session_processes)
 
@@ -24,6 +26,47 @@ from hetflow.executors.radical import (LOCAL_RESOURCE, RadicalExecutor, _launche
 @hetflow.mpi_app(ranks=2, returns="all")
 def where(comm):
     return (comm.Get_rank(), comm.Get_size(), os.getcwd())
+
+
+@hetflow.mpi_app(ranks=2)
+def fail_on_rank_one(comm):
+    if comm.Get_rank() == 1:
+        raise KeyError("rank one")
+    comm.Barrier()
+
+
+@hetflow.mpi_app(ranks=1)
+def append_pid(comm, path):
+    with open(path, "a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    return "appended"
+
+
+@hetflow.mpi_app(ranks=1)
+def sleep_for(comm, seconds):
+    time.sleep(seconds)
+
+
+def test_ranks_of_a_task_stopped_before_they_started_do_not_run_it(tmp_path):
+    # A walltime or cancel that comes while RP's agent is still launching an executable
+    # task: RP's cancel does not stop that launch (its executing component fails on it),
+    # and kill_tree_of finds no rank yet. The ranks started after find the stop asked for.
+    from hetflow.executors._rank import TaskPayload
+    from hetflow.executors._supervise import KILLED_EXIT
+    from hetflow.executors.taskdir import TaskDir
+    from hetflow.spec import Resources
+
+    marker = tmp_path / "ran"
+    taskdir = TaskDir(str(tmp_path / "task")).create(
+        TaskPayload(task_id=1, func=open, args=(str(marker), "w"), kwargs={},
+                    resources=Resources(ranks=2)).dumps(),
+        {"ranks": 2}, sys.path)
+    taskdir.ask_to_stop()
+    run = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "hetflow.executors._rank",
+                          taskdir.path], capture_output=True, text=True, timeout=120)
+    assert run.returncode == KILLED_EXIT, run.stderr[-2000:]
+    assert not marker.exists()
+    assert taskdir.pids() == {} and taskdir.outcomes() == {}
 
 
 def test_local_resource_config_uses_real_slots_and_the_venv_mpi():
@@ -90,10 +133,49 @@ def test_rp_files_all_go_to_the_sandbox_dir_and_lost_starts_are_survived(shared_
     # agent now and then never reports itself active, and its second pilot's master was held
     # unplaced (STUCK_KNOB), as RP's agent scheduler now and then holds every task: the
     # runtime started a new pilot for each; the third runs.
-    assert len(ex.restarts) == 2, ex.restarts
+    # (A worker replaced by the test above, if it ran first, comes after these two.)
+    assert len([r for r in ex.restarts if "RAPTOR worker" not in r]) == 2, ex.restarts
     assert "did not report the pilot active" in ex.restarts[0], ex.restarts
     assert "did not place the RAPTOR master" in ex.restarts[1], ex.restarts
     assert len(glob.glob(os.path.join(ex.sandbox, "*", "rp.session.*"))) == 3
+
+
+@pytest.mark.on_shared_runtime("radical")
+def test_a_worker_that_never_comes_up_is_replaced_and_queued_tasks_run_once(
+        shared_executor, tmp_path, monkeypatch):
+    # A RAPTOR worker whose launch hangs never registers with the master (seen inside a Slurm
+    # allocation: its srun failed on a node whose slurmd did not answer, and Hydra waited on),
+    # and every task sent meanwhile waited in the master's queue until the runtime closed.
+    ex = shared_executor
+    monkeypatch.setattr(ex, "worker_start_s", 5.0)
+    monkeypatch.setenv(radical.WORKER_HANG_KNOB, str(ex._worker_hangs + 2))
+    before = len(ex.restarts)
+    # A failed rank recycles the worker; its next two replacements hang (the knob).
+    with pytest.raises(hetflow.TaskFailed):
+        fail_on_rank_one().result(timeout=120)
+    log = tmp_path / "runs"
+    first = next(ex._uid_counter)        # the RP tasks of this test's tasks come after it
+    appended = append_pid(str(log))
+    doomed = sleep_for(600)
+    time.sleep(1)
+    # Cancelling a task the master holds recycles the (first hanging) worker: the other one
+    # runs again under a new RP task, while its first copy is still in the master's queue.
+    assert hetflow.cancel(doomed) is True
+    with pytest.raises(hetflow.TaskCancelled):
+        doomed.result(timeout=60)
+    # The second hanging worker is replaced after worker_start_s; the task runs on the next.
+    assert appended.result(timeout=240) == "appended"
+    assert len(ex.restarts) == before + 1, ex.restarts
+    assert "did not come up within 5 s" in ex.restarts[-1]
+    # Every RP task sent since has ended: the copies the master held ran and did nothing.
+    # (The failed task's never ends in RP: its worker was killed under it.)
+    deadline = time.time() + 60
+    while not all(t.state in ("DONE", "FAILED", "CANCELED") for t in ex._tmgr.get_tasks()
+                  if t.uid.startswith("hetflow.") and int(t.uid.split(".")[1]) > first):
+        assert time.time() < deadline, "an RP task never ended"
+        time.sleep(0.2)
+    assert len(log.read_text().split()) == 1, "the task ran more than once"
+    assert where().result(timeout=120)
 
 
 @pytest.mark.on_shared_runtime("radical")
