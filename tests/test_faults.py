@@ -60,7 +60,10 @@ def join_rows(comm, left_path, right_path, on):
     return frame.join(left, right, on=on).num_rows()
 
 
-def _wait_for(path, timeout=90):
+def _wait_for(path, timeout=180):
+    # Generous: on radical the task may first wait for a new RAPTOR worker (the previous
+    # test's crash recycled it), whose start took up to ~60 s inside a Slurm allocation on
+    # this loaded 2-core host. A bound against a hang, not a timing.
     deadline = time.time() + timeout
     while not os.path.exists(path):
         assert time.time() < deadline, f"{path} never appeared"

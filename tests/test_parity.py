@@ -183,7 +183,10 @@ def test_cancel_running_task(runtime_name, executor):
     with tempfile.TemporaryDirectory() as tmp:
         marker = os.path.join(tmp, "running")
         fut = mark_and_sleep(marker, 60)
-        deadline = time.time() + 60
+        # Generous: on radical the task may first wait for a new RAPTOR worker (an earlier
+        # test's failure recycled it), whose start took up to ~60 s inside a Slurm
+        # allocation on this loaded 2-core host. A bound against a hang, not a timing.
+        deadline = time.time() + 180
         while not os.path.exists(marker):
             assert time.time() < deadline, "task never started"
             time.sleep(0.05)
