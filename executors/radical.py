@@ -55,7 +55,7 @@ from hetflow.executors._rp_hygiene import (client_children, end_leftovers, impor
 from hetflow.executors.kernel import Executor, Task
 from hetflow.executors.launch import ended, hydra_deaths, kill_tree, tail
 from hetflow.executors.taskdir import Deaths, TaskDir, private_dir
-from hetflow.executors.watch import EVIDENCE_GRACE_S, PEER_GRACE_S, POLL_S
+from hetflow.executors.watch import PEER_GRACE_S, POLL_S
 from hetflow.spec import Resources
 
 __all__ = ["LOCAL_RESOURCE", "MODES", "RadicalExecutor", "SLURM_RESOURCE",
@@ -101,6 +101,11 @@ _WORKER_LOST = "the RAPTOR MPI worker running this task was lost"
 #: after this many such starts in a row the RAPTOR path is broken and its tasks fail.
 WORKER_STARTS = 3
 _WORKER_CHECK_S = 0.25   # how often the watchdog looks at a worker that is not up yet
+#: How long a vanished worker rank's exit status is waited for: RP's launch script writes it
+#: from a bash process once its ``wait`` returns, which on a loaded node took more than
+#: ``watch.EVIDENCE_GRACE_S`` (2 s; the killed-rank test inside a 2-node allocation beside two
+#: busy loops, 2 runs of 6). Only a rank that vanished without it waits this long.
+_WORKER_EVIDENCE_S = 10.0
 #: Set to N, the runtime's first N replacement RAPTOR workers never come up (their ranks
 #: sleep before they start), as one whose launch hung does (tests/test_radical.py).
 WORKER_HANG_KNOB = "HETFLOW_RAPTOR_WORKER_HANG"
@@ -653,14 +658,14 @@ class RadicalExecutor(Executor):
         RP's launch script records each worker rank's exit status (``$RP_RET``, see
         :meth:`_start_worker`); failing that, the worker's Hydra prints "PID n ...
         EXIT CODE: c ... (signal s)" to its stdout in the pilot sandbox. Both may take
-        a moment: they are awaited up to ``EVIDENCE_GRACE_S``, then the vanished
+        a moment: they are awaited up to ``_WORKER_EVIDENCE_S``, then the vanished
         ranks are named with what is known.
         """
         dead = {rank: pid for rank, pid in taskdir.pids().items() if ended(pid)}
         if not dead:
             return {}
         sandbox = self.sandbox
-        deadline = time.monotonic() + EVIDENCE_GRACE_S
+        deadline = time.monotonic() + _WORKER_EVIDENCE_S
         while True:
             found = rank_exit_statuses(self.status_dir, dead)
             for root, _, files in os.walk(sandbox):

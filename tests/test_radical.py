@@ -147,8 +147,8 @@ def test_a_worker_that_never_comes_up_is_replaced_and_queued_tasks_run_once(
     # allocation: its srun failed on a node whose slurmd did not answer, and Hydra waited on),
     # and every task sent meanwhile waited in the master's queue until the runtime closed.
     ex = shared_executor
-    monkeypatch.setattr(ex, "worker_start_s", 5.0)
     monkeypatch.setenv(radical.WORKER_HANG_KNOB, str(ex._worker_hangs + 2))
+    monkeypatch.setattr(ex, "worker_start_s", ex.worker_start_s)   # restored after
     before = len(ex.restarts)
     # A failed rank recycles the worker; its next two replacements hang (the knob).
     with pytest.raises(hetflow.TaskFailed):
@@ -163,18 +163,27 @@ def test_a_worker_that_never_comes_up_is_replaced_and_queued_tasks_run_once(
     assert hetflow.cancel(doomed) is True
     with pytest.raises(hetflow.TaskCancelled):
         doomed.result(timeout=60)
-    # The second hanging worker is replaced after worker_start_s; the task runs on the next.
-    assert appended.result(timeout=240) == "appended"
+    # The second hanging worker is replaced once it has had worker_start_s (made short here,
+    # and long again as soon as it is replaced: the next worker takes what it takes).
+    ex.worker_start_s = 5.0
+    deadline = time.time() + 60
+    while len(ex.restarts) == before:
+        assert time.time() < deadline, "the hanging worker was not replaced"
+        time.sleep(0.02)
+    ex.worker_start_s = 300.0
     assert len(ex.restarts) == before + 1, ex.restarts
     assert "did not come up within 5 s" in ex.restarts[-1]
-    # Every RP task sent since has ended: the copies the master held ran and did nothing.
-    # (The failed task's never ends in RP: its worker was killed under it.)
+    assert appended.result(timeout=240) == "appended"      # on the worker started then
+    # Every RP task sent since has ended: the copies the master held ran and did nothing
+    # (the cancelled task's would sleep 600 s). (The failed task's never ends in RP: its
+    # worker was killed under it.)
     deadline = time.time() + 60
     while not all(t.state in ("DONE", "FAILED", "CANCELED") for t in ex._tmgr.get_tasks()
                   if t.uid.startswith("hetflow.") and int(t.uid.split(".")[1]) > first):
         assert time.time() < deadline, "an RP task never ended"
         time.sleep(0.2)
     assert len(log.read_text().split()) == 1, "the task ran more than once"
+    assert len(ex.restarts) == before + 1, ex.restarts
     assert where().result(timeout=120)
 
 
