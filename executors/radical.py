@@ -626,7 +626,6 @@ class RadicalExecutor(Executor):
         with self._lock:
             if self._running.pop(rp_task.uid, None) is None:
                 return
-        _retire(task.handle)
         if task.error is not None:
             self._finish(task)
             return

@@ -17,6 +17,7 @@ import pytest
 import hetflow
 from conftest import shared_runtime
 from mpiutil import mpiexec
+from test_parity import mark_and_sleep, raise_on_rank_one
 from hetflow._guardian import marked_processes
 from hetflow.executors import radical
 from hetflow.executors.radical import (LOCAL_RESOURCE, RadicalExecutor, _launcher_named,
@@ -28,23 +29,11 @@ def where(comm):
     return (comm.Get_rank(), comm.Get_size(), os.getcwd())
 
 
-@hetflow.mpi_app(ranks=2)
-def fail_on_rank_one(comm):
-    if comm.Get_rank() == 1:
-        raise KeyError("rank one")
-    comm.Barrier()
-
-
 @hetflow.mpi_app(ranks=1)
 def append_pid(comm, path):
     with open(path, "a") as fh:
         fh.write(f"{os.getpid()}\n")
     return "appended"
-
-
-@hetflow.mpi_app(ranks=1)
-def sleep_for(comm, seconds):
-    time.sleep(seconds)
 
 
 def test_ranks_of_a_task_stopped_before_they_started_do_not_run_it(tmp_path):
@@ -152,11 +141,12 @@ def test_a_worker_that_never_comes_up_is_replaced_and_queued_tasks_run_once(
     before = len(ex.restarts)
     # A failed rank recycles the worker; its next two replacements hang (the knob).
     with pytest.raises(hetflow.TaskFailed):
-        fail_on_rank_one().result(timeout=120)
+        raise_on_rank_one().result(timeout=120)
     log = tmp_path / "runs"
     first = next(ex._uid_counter)        # the RP tasks of this test's tasks come after it
     appended = append_pid(str(log))
-    doomed = sleep_for(600)
+    never = tmp_path / "never"
+    doomed = mark_and_sleep(str(never), 600)
     time.sleep(1)
     # Cancelling a task the master holds recycles the (first hanging) worker: the other one
     # runs again under a new RP task, while its first copy is still in the master's queue.
@@ -183,6 +173,7 @@ def test_a_worker_that_never_comes_up_is_replaced_and_queued_tasks_run_once(
         assert time.time() < deadline, "an RP task never ended"
         time.sleep(0.2)
     assert len(log.read_text().split()) == 1, "the task ran more than once"
+    assert not never.exists(), "the cancelled task ran"
     assert len(ex.restarts) == before + 1, ex.restarts
     assert where().result(timeout=120)
 
