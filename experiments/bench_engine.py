@@ -116,6 +116,7 @@ def worker(args) -> None:
     part_mib = sum(t.local.nbytes for t in tables) / 2**20
     data_rss = _rss_mib()
     times, cpu, rows, backend, phases = [], [], 0, "", []
+    system, faults = [], []  # the kernel's share of the CPU seconds, and fresh pages touched
     cylon = None
     if args.engine != "hetflow":
         cylon, run_cylon, cylon_rows = _cylon_op(args, comm)
@@ -127,6 +128,7 @@ def worker(args) -> None:
     for _ in range(args.repeats):
         _barrier(comm)
         t0, c0 = time.perf_counter(), time.process_time()
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
         if cylon is not None:   # the pycylon DataFrames are made inside: Cylon's users do
             out = run_cylon(left, tables[-1])
         elif args.op == "join":
@@ -134,6 +136,9 @@ def worker(args) -> None:
         else:
             out = frame.sort(left, "key")
         cpu.append(time.process_time() - c0)
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        system.append(ru1.ru_stime - ru0.ru_stime)
+        faults.append(ru1.ru_minflt - ru0.ru_minflt)
         _barrier(comm)
         times.append(time.perf_counter() - t0)
         if cylon is not None:
@@ -149,13 +154,16 @@ def worker(args) -> None:
     comm_times = comm.allgather(times)
     slowest = [max(ts) for ts in zip(*comm_times)]
     cpu_all = [sum(cs) for cs in zip(*comm.allgather(cpu))]  # CPU seconds of all ranks
+    system_all = [sum(cs) for cs in zip(*comm.allgather(system))]
+    faults_all = [sum(fs) for fs in zip(*comm.allgather(faults))]
     phases_all = comm.gather(phases)
     mem = comm.gather({"rank": rank, "base_rss_mib": base_rss, "data_rss_mib": data_rss,
                        "peak_rss_mib": peak, "peak_ops_only": reset,
                        "partition_mib": part_mib})
     if rank == 0:
         with open(args.out, "w") as fh:
-            json.dump({"times": slowest, "cpu": cpu_all, "rows_out": rows, "memory": mem,
+            json.dump({"times": slowest, "cpu": cpu_all, "system": system_all,
+                       "faults": faults_all, "rows_out": rows, "memory": mem,
                        "backend": backend, "ranks": size, "phases": phases_all,
                        "rank_times": comm_times}, fh)
 
@@ -377,6 +385,8 @@ def scaling(args) -> int:
     for (op, r), results in runs.items():
         merged = {"times": sum((x["times"] for x in results), []),
                   "cpu": sum((x["cpu"] for x in results), []),
+                  "system": sum((x["system"] for x in results), []),
+                  "faults": sum((x["faults"] for x in results), []),
                   "rank_times": [sum((x["rank_times"][k] for x in results), [])
                                  for k in range(r)],
                   "phases": [sum((x["phases"][k] for x in results), []) for k in range(r)]
@@ -385,7 +395,8 @@ def scaling(args) -> int:
         summary[(op, r)] = merged
     base = counts[0]
     print(f"\n{'op':<5} {'ranks':>5} {'median s':>9} {'min s':>7} {'cpu s (all)':>12} "
-          f"{'speed-up':>9} {'cpu ratio':>10} {'(peak-base)/part':>17}")
+          f"{'of it sys':>10} {'page faults':>12} {'speed-up':>9} {'cpu ratio':>10} "
+          f"{'(peak-base)/part':>17}")
     for op in ops:
         t0 = statistics.median(summary[(op, base)]["times"])
         c0 = statistics.median(summary[(op, base)]["cpu"])
@@ -394,10 +405,13 @@ def scaling(args) -> int:
             t, c = statistics.median(m["times"]), statistics.median(m["cpu"])
             mem = max((x["peak_rss_mib"] - x["base_rss_mib"]) / x["partition_mib"]
                       for x in m["memory"])
-            print(f"{op:<5} {r:>5} {t:>9.4f} {min(m['times']):>7.4f} {c:>12.4f} {t0 / t:>9.2f} "
-                  f"{c / c0:>10.2f} {mem:>17.2f}")
+            sys_s, flt = statistics.median(m["system"]), statistics.median(m["faults"])
+            print(f"{op:<5} {r:>5} {t:>9.4f} {min(m['times']):>7.4f} {c:>12.4f} {sys_s:>10.4f} "
+                  f"{flt:>12,.0f} {t0 / t:>9.2f} {c / c0:>10.2f} {mem:>17.2f}")
     print("speed-up: median time at the first rank count / median time here; cpu ratio: CPU "
-          "seconds of all ranks here / at the first rank count")
+          "seconds of all ranks here / at the first rank count; of it sys: the kernel's part "
+          "(mostly zeroing the fresh pages counted as page faults: every buffer of 4 MiB or "
+          "more is new memory, docs/engine.md), counted in the kernel's ticks")
     if args.cylon:
         _print_cylon(ops, counts, engines, summary, runs, cylon_runs)
     if args.phases:

@@ -219,3 +219,28 @@ def test_integer_keys_go_to_their_remainder_unless_that_is_uneven(ranks):
     run = run_mpi(MODULAR_SCRIPT, ranks, timeout=180)
     failures = [f for per_rank in run.values(ranks)[0]["failures"] for f in per_rank]
     assert failures == [], "\n".join(failures[:10])
+
+
+def test_split_by_groups_rows_stably_by_destination():
+    """The routing of a shuffle: rows grouped by destination, each group in row order, the same
+    as a stable sort of the destinations, across the scans' slices and for the radix path."""
+    import numpy as np
+
+    from hetflow.frame import _exchange
+
+    rng = np.random.default_rng(3)
+    n = 2 * _exchange._SCAN_SLICE + 17
+    for parts in (1, 2, 3, 8, 9):
+        dest = rng.integers(0, parts, n).astype(np.uint8)
+        if parts == 3:
+            dest[dest == 1] = 2   # a rank no row goes to
+        dest[-5:] = 0             # the last slice's rows land at the end of rank 0's group
+        order, offsets = _exchange.split_by(dest, parts)
+        counts = np.bincount(dest, minlength=parts)
+        assert list(offsets) == [0] + list(np.cumsum(counts))
+        assert np.array_equal(order, np.argsort(dest, kind="stable"))
+        assert order.dtype == np.int32
+        if parts <= _exchange._SCAN_PARTS:
+            assert np.array_equal(_exchange.scan_counts(dest, parts), counts)
+    order, offsets = _exchange.split_by(np.zeros(0, np.uint8), 2)
+    assert len(order) == 0 and list(offsets) == [0, 0, 0]

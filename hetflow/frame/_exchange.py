@@ -516,16 +516,21 @@ def _split_by(dest: np.ndarray, parts: int):
     it = np.int32 if len(dest) < 2**31 - 1 else np.int64  # half the memory of the routing
     offsets = np.zeros(parts + 1, np.int64)
     if parts <= _SCAN_PARTS:
-        # a few ranks: scans of the 1-byte destinations, one per rank, count its rows and
-        # write them straight into its slot of the order (4x cheaper than a sort at 2 ranks;
-        # bincount would first widen the destinations to 8 bytes each)
-        masks = [dest == d for d in range(parts)]
-        np.cumsum([np.count_nonzero(m) for m in masks], out=offsets[1:])
+        # a few ranks: per slice of the 1-byte destinations, one scan per rank finds its rows
+        # and writes them straight into its slot of the order (4x cheaper than a sort at 2
+        # ranks). By slices, every temporary stays in cache and on the heap: whole-array masks
+        # and NumPy's int64 row numbers were fresh pages for the kernel to zero, as much as
+        # the order itself, on every operation.
+        np.cumsum(scan_counts(dest, parts), out=offsets[1:])
         order = np.empty(len(dest), it)
-        for d in range(parts):
-            if offsets[d + 1] > offsets[d]:
-                order[offsets[d]:offsets[d + 1]] = np.flatnonzero(masks[d])
-            masks[d] = None
+        fill = [int(o) for o in offsets[:-1]]
+        for i in range(0, len(dest), _SCAN_SLICE):
+            part = dest[i:i + _SCAN_SLICE]
+            for d in range(parts):
+                rows = np.flatnonzero(part == d)
+                end = fill[d] + len(rows)
+                np.add(rows, i, out=order[fill[d]:end], casting="unsafe")
+                fill[d] = end
         return order, offsets
     np.cumsum(np.bincount(dest, minlength=parts), out=offsets[1:])
     small = np.uint8 if parts <= 256 else np.uint16 if parts <= 2**16 else np.int64
@@ -536,3 +541,16 @@ def _split_by(dest: np.ndarray, parts: int):
 
 
 _SCAN_PARTS = 8  # up to this many ranks, per-rank scans of the destinations beat the radix sort
+_SCAN_SLICE = 1 << 16  # rows per slice of those scans (their temporaries: ~0.6 MiB)
+
+
+def scan_counts(dest: np.ndarray, parts: int) -> np.ndarray:
+    """Rows per destination (int64, ``parts`` long) of small-int destinations, for up to
+    :data:`_SCAN_PARTS` ranks: a scan per rank, by slices (bincount would widen every
+    destination to 8 bytes; a whole-array mask is a fresh array per rank)."""
+    counts = np.zeros(parts, np.int64)
+    for i in range(0, len(dest), _SCAN_SLICE):
+        part = dest[i:i + _SCAN_SLICE]
+        for d in range(parts):
+            counts[d] += np.count_nonzero(part == d)
+    return counts

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import NotSupported
+from hetflow.frame import _exchange
 from hetflow.frame._arrays import plain_values, to_numpy
 from hetflow.frame._phases import phase
 
@@ -231,8 +232,8 @@ def modular_partition(col, parts: int) -> np.ndarray:
 
 def residue_counts(dest: np.ndarray, parts: int) -> np.ndarray:
     """Rows per destination of :func:`modular_partition`'s output (int64, ``parts`` long)."""
-    if parts <= 8:  # a scan of the 1-byte destinations per rank: bincount would widen them
-        return np.array([np.count_nonzero(dest == d) for d in range(parts)], np.int64)
+    if parts <= _exchange._SCAN_PARTS:
+        return _exchange.scan_counts(dest, parts)
     return np.bincount(dest, minlength=parts).astype(np.int64)
 
 
