@@ -104,8 +104,9 @@ _WORKER_CHECK_S = 0.25   # how often the watchdog looks at a worker that is not 
 #: How long a vanished worker rank's exit status is waited for: RP's launch script writes it
 #: from a bash process once its ``wait`` returns, which on a loaded node took more than
 #: ``watch.EVIDENCE_GRACE_S`` (2 s; the killed-rank test inside a 2-node allocation beside two
-#: busy loops, 2 runs of 6). Only a rank that vanished without it waits this long.
-_WORKER_EVIDENCE_S = 10.0
+#: busy loops, 2 runs of 6), and more than 10 s (1 run of 3 there with the runtime's
+#: processes at nice -5). Only a rank that vanished without it waits this long.
+_WORKER_EVIDENCE_S = 30.0
 #: Set to N, the runtime's first N replacement RAPTOR workers never come up (their ranks
 #: sleep before they start), as one whose launch hung does (tests/test_radical.py).
 WORKER_HANG_KNOB = "HETFLOW_RAPTOR_WORKER_HANG"
