@@ -312,8 +312,8 @@ PHASES = ("check", "partition", "split", "pack", "exchange", "reassemble", "samp
 
 
 def _phase_summary(result: dict) -> dict:
-    """Per phase: median over repeats of the slowest rank's wall seconds, and of the CPU
-    seconds of all ranks together; plus 'other' = op time not in any phase."""
+    """Per phase: median over repeats of the slowest rank's wall seconds, of the CPU seconds
+    of all ranks together and of their page faults; plus 'other' = op time not in any phase."""
     per_rep = list(zip(*result["phases"]))  # repeats x ranks of {phase: (wall, cpu)}
     out = {}
     names = [p for p in PHASES if any(p in r for rep in per_rep for r in rep)]
@@ -321,12 +321,15 @@ def _phase_summary(result: dict) -> dict:
     for p in names:
         wall = [max(r.get(p, (0, 0))[0] for r in rep) for rep in per_rep]
         cpu = [sum(r.get(p, (0, 0))[1] for r in rep) for rep in per_rep]
-        out[p] = (statistics.median(wall), statistics.median(cpu))
+        faults = [sum(r[p][2] if len(r.get(p, ())) > 2 else 0 for r in rep) for rep in per_rep]
+        out[p] = (statistics.median(wall), statistics.median(cpu), statistics.median(faults))
     total_wall = [statistics.median([max(ts) for ts in zip(*result["rank_times"])])]
     accounted = sum(w for w, _ in out.values())
     cpu_total = statistics.median(result["cpu"])
     out["other"] = (max(0.0, total_wall[0] - accounted),
-                    max(0.0, cpu_total - sum(c for _, c in out.values())))
+                    max(0.0, cpu_total - sum(c for _, c, _ in out.values())),
+                    max(0.0, statistics.median(result["faults"])
+                        - sum(f for _, _, f in out.values())))
     return out
 
 
@@ -420,11 +423,15 @@ def scaling(args) -> int:
             seen = {p for r in counts for p in table[r]}
             names = [p for p in PHASES if p in seen] + sorted(seen - set(PHASES) - {"other"})
             names.append("other")
-            print(f"\n{op}: per-phase wall s (slowest rank) / CPU s (all ranks), medians")
-            print(f"{'phase':<11}" + "".join(f"{f'{r} rank wall':>14}{'cpu':>8}" for r in counts))
+            print(f"\n{op}: per-phase wall s (slowest rank) / CPU s / page faults (all ranks), "
+                  "medians")
+            print(f"{'phase':<11}" + "".join(f"{f'{r} rank wall':>14}{'cpu':>8}{'faults':>9}"
+                                             for r in counts))
             for p in names:
-                print(f"{p:<11}" + "".join(f"{table[r].get(p, (0, 0))[0]:>14.4f}"
-                                           f"{table[r].get(p, (0, 0))[1]:>8.4f}" for r in counts))
+                print(f"{p:<11}" + "".join(f"{table[r].get(p, (0, 0, 0))[0]:>14.4f}"
+                                           f"{table[r].get(p, (0, 0, 0))[1]:>8.4f}"
+                                           f"{table[r].get(p, (0, 0, 0))[2]:>9,.0f}"
+                                           for r in counts))
             _print_bound(op, counts, summary, table, args.weak)
     if args.json:
         with open(args.json, "w") as fh:
