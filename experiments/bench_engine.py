@@ -324,7 +324,7 @@ def _phase_summary(result: dict) -> dict:
         faults = [sum(r[p][2] if len(r.get(p, ())) > 2 else 0 for r in rep) for rep in per_rep]
         out[p] = (statistics.median(wall), statistics.median(cpu), statistics.median(faults))
     total_wall = [statistics.median([max(ts) for ts in zip(*result["rank_times"])])]
-    accounted = sum(w for w, _ in out.values())
+    accounted = sum(w for w, *_ in out.values())
     cpu_total = statistics.median(result["cpu"])
     out["other"] = (max(0.0, total_wall[0] - accounted),
                     max(0.0, cpu_total - sum(c for _, c, _ in out.values())),
