@@ -86,6 +86,12 @@ def arrow_of(values: np.ndarray) -> pa.Array:
 _CHUNK = 1 << 18
 
 
+def destination_dtype(parts: int) -> type:
+    """The narrowest integer type for rank numbers below ``parts``: a shuffle's destinations
+    (1 byte up to 256 ranks, whose stable argsort is one counting-sort pass)."""
+    return np.uint8 if parts <= 256 else np.uint16 if parts <= 2**16 else np.int64
+
+
 def gather(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """``values[idx]`` in slices: NumPy casts an index array to intp, so a whole int32 index
     of n rows would cost an 8n-byte temporary."""

@@ -24,7 +24,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
-from hetflow.frame._arrays import _raw_width, _single, arrow_of, from_values, plain_values, take_into
+from hetflow.frame._arrays import (_raw_width, _single, arrow_of, destination_dtype, from_values,
+                                   plain_values, take_into)
 from hetflow.frame._phases import phase
 
 _INT_MAX = 2**31 - 1
@@ -533,7 +534,7 @@ def _split_by(dest: np.ndarray, parts: int):
                 fill[d] = end
         return order, offsets
     np.cumsum(np.bincount(dest, minlength=parts), out=offsets[1:])
-    small = np.uint8 if parts <= 256 else np.uint16 if parts <= 2**16 else np.int64
+    small = destination_dtype(parts)
     # NumPy's stable argsort of 8/16-bit keys is a counting (radix) sort: one O(n) pass per
     # byte, so 8-bit destinations (up to 256 ranks) take half the time of 16-bit ones
     order = np.argsort(dest.astype(small, copy=False), kind="stable")

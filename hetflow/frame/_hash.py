@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from hetflow.errors import NotSupported
 from hetflow.frame import _exchange
-from hetflow.frame._arrays import plain_values, to_numpy
+from hetflow.frame._arrays import destination_dtype, plain_values, to_numpy
 from hetflow.frame._phases import phase
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -156,7 +156,7 @@ def partition_of(xp, table: pa.Table, keys: Sequence[str], parts: int) -> np.nda
 
 
 def _partition_of(xp, table: pa.Table, keys: Sequence[str], parts: int) -> np.ndarray:
-    small = np.uint8 if parts <= 256 else np.uint16 if parts <= 2**16 else np.int64
+    small = destination_dtype(parts)
     if len(keys) == 1 and is_integer_like(table.schema.field(keys[0]).type):
         return _int_partition(xp, table.column(keys[0]), parts, small)
     h = hash_rows(xp, table, keys)
@@ -215,7 +215,7 @@ def modular_partition(col, parts: int) -> np.ndarray:
     whether it is for the data at hand. The remainder is that of the key's int64
     representation (:func:`_int64_repr`), non-negative, so any width and signedness gives one
     destination per value; for 2**k ranks it is the key's low k bits, read from its low byte."""
-    small = np.uint8 if parts <= 256 else np.uint16 if parts <= 2**16 else np.int64
+    small = destination_dtype(parts)
     chunks = [c for c in col.chunks if len(c)] if isinstance(col, pa.ChunkedArray) else [col]
     pow2 = parts & (parts - 1) == 0
     out = []
