@@ -314,7 +314,7 @@ PHASES = ("check", "partition", "split", "pack", "exchange", "reassemble", "samp
 def _phase_summary(result: dict) -> dict:
     """Per phase: median over repeats of the slowest rank's wall seconds, of the CPU seconds
     of all ranks together and of their page faults; plus 'other' = op time not in any phase."""
-    per_rep = list(zip(*result["phases"]))  # repeats x ranks of {phase: (wall, cpu)}
+    per_rep = list(zip(*result["phases"]))  # repeats x ranks of {phase: (wall, cpu, faults)}
     out = {}
     names = [p for p in PHASES if any(p in r for rep in per_rep for r in rep)]
     names += sorted({p for rep in per_rep for r in rep for p in r} - set(names))
