@@ -245,3 +245,31 @@ def test_small_operations_reuse_their_heap_instead_of_faulting_it_in_again():
     padded, unreused = faults(), faults(MALLOC_MMAP_THRESHOLD_="0")
     assert padded <= 50, padded
     assert unreused >= 4 * padded + 50, (padded, unreused)
+
+
+def test_phases_count_the_page_faults_of_the_memory_each_touches():
+    # bench_engine --phases reports each phase's page faults (hetflow.frame._phases), exclusive
+    # of the phases nested in it, as its times are. One byte written into each page of a
+    # fresh anonymous mapping (never a heap reused by malloc, no transparent huge pages
+    # asked for) faults in its 4,096 pages.
+    import mmap
+
+    from hetflow.frame import _phases
+
+    size = 16 << 20
+    _phases.enable()
+    try:
+        with _phases.phase("outer"):
+            with _phases.phase("inner"):
+                buf = mmap.mmap(-1, size)
+                if hasattr(mmap, "MADV_NOHUGEPAGE"):   # 4 KiB pages where THP is "always"
+                    buf.madvise(mmap.MADV_NOHUGEPAGE)
+                for offset in range(0, size, mmap.PAGESIZE):
+                    buf[offset] = 1
+            buf.close()
+        tally = _phases.take()
+    finally:
+        _phases.enable(False)
+    assert tally["inner"][2] >= size // mmap.PAGESIZE, tally
+    assert tally["outer"][2] < 200, tally
+    assert tally["inner"][0] > 0 and tally["inner"][1] >= 0, tally
