@@ -20,7 +20,8 @@ from conftest import EXECUTOR_OPTIONS, PARITY_EXECUTORS
 from hetflow._guardian import marked_processes
 from hetflow.executors._rank import mapped_mpi_shm
 
-pytestmark = pytest.mark.timeout(180)
+# Above _wait_for's bound, with room for the test's own steps after it.
+pytestmark = pytest.mark.timeout(480)
 
 
 @hetflow.mpi_app(ranks=2)
@@ -60,10 +61,12 @@ def join_rows(comm, left_path, right_path, on):
     return frame.join(left, right, on=on).num_rows()
 
 
-def _wait_for(path, timeout=180):
+def _wait_for(path, timeout=300):
     # Generous: on radical the task may first wait for a new RAPTOR worker (the previous
     # test's crash recycled it), whose start took up to ~60 s inside a Slurm allocation on
-    # this loaded 2-core host. A bound against a hang, not a timing.
+    # this loaded 2-core host, and one that never came up is replaced only after
+    # worker_start_s (the runtime's startup_timeout: 240 s inside the allocation tests; in
+    # ci-21 a 180 s wait ended first). A bound against a hang, not a timing.
     deadline = time.time() + timeout
     while not os.path.exists(path):
         assert time.time() < deadline, f"{path} never appeared"
