@@ -321,7 +321,7 @@ def _phase_summary(result: dict) -> dict:
     for p in names:
         wall = [max(r.get(p, (0, 0))[0] for r in rep) for rep in per_rep]
         cpu = [sum(r.get(p, (0, 0))[1] for r in rep) for rep in per_rep]
-        faults = [sum(r[p][2] if len(r.get(p, ())) > 2 else 0 for r in rep) for rep in per_rep]
+        faults = [sum(r.get(p, (0, 0, 0))[2] for r in rep) for rep in per_rep]
         out[p] = (statistics.median(wall), statistics.median(cpu), statistics.median(faults))
     total_wall = [statistics.median([max(ts) for ts in zip(*result["rank_times"])])]
     accounted = sum(w for w, *_ in out.values())

@@ -516,13 +516,13 @@ def split_by(dest: np.ndarray, parts: int):
 def _split_by(dest: np.ndarray, parts: int):
     it = np.int32 if len(dest) < 2**31 - 1 else np.int64  # half the memory of the routing
     offsets = np.zeros(parts + 1, np.int64)
+    np.cumsum(destination_counts(dest, parts), out=offsets[1:])
     if parts <= _SCAN_PARTS:
         # a few ranks: per slice of the 1-byte destinations, one scan per rank finds its rows
         # and writes them straight into its slot of the order (4x cheaper than a sort at 2
         # ranks). By slices, every temporary stays in cache and on the heap: whole-array masks
         # and NumPy's int64 row numbers were fresh pages for the kernel to zero, as much as
         # the order itself, on every operation.
-        np.cumsum(scan_counts(dest, parts), out=offsets[1:])
         order = np.empty(len(dest), it)
         fill = [int(o) for o in offsets[:-1]]
         for i in range(0, len(dest), _SCAN_SLICE):
@@ -533,7 +533,6 @@ def _split_by(dest: np.ndarray, parts: int):
                 np.add(rows, i, out=order[fill[d]:end], casting="unsafe")
                 fill[d] = end
         return order, offsets
-    np.cumsum(np.bincount(dest, minlength=parts), out=offsets[1:])
     small = destination_dtype(parts)
     # NumPy's stable argsort of 8/16-bit keys is a counting (radix) sort: one O(n) pass per
     # byte, so 8-bit destinations (up to 256 ranks) take half the time of 16-bit ones
@@ -545,10 +544,12 @@ _SCAN_PARTS = 8  # up to this many ranks, per-rank scans of the destinations bea
 _SCAN_SLICE = 1 << 16  # rows per slice of those scans (their temporaries: ~0.6 MiB)
 
 
-def scan_counts(dest: np.ndarray, parts: int) -> np.ndarray:
-    """Rows per destination (int64, ``parts`` long) of small-int destinations, for up to
-    :data:`_SCAN_PARTS` ranks: a scan per rank, by slices (bincount would widen every
-    destination to 8 bytes; a whole-array mask is a fresh array per rank)."""
+def destination_counts(dest: np.ndarray, parts: int) -> np.ndarray:
+    """Rows per destination (int64, ``parts`` long) of small-int destinations: up to
+    :data:`_SCAN_PARTS` ranks a scan per rank, by slices (bincount would widen every
+    destination to 8 bytes; a whole-array mask is a fresh array per rank), else bincount."""
+    if parts > _SCAN_PARTS:
+        return np.bincount(dest, minlength=parts).astype(np.int64, copy=False)
     counts = np.zeros(parts, np.int64)
     for i in range(0, len(dest), _SCAN_SLICE):
         part = dest[i:i + _SCAN_SLICE]

@@ -20,7 +20,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import NotSupported
-from hetflow.frame import _exchange
 from hetflow.frame._arrays import destination_dtype, plain_values, to_numpy
 from hetflow.frame._phases import phase
 
@@ -228,13 +227,6 @@ def modular_partition(col, parts: int) -> np.ndarray:
         else:
             out.append(np.remainder(_int64_repr(arr), parts).astype(small))
     return out[0] if len(out) == 1 else (np.concatenate(out) if out else np.zeros(0, small))
-
-
-def residue_counts(dest: np.ndarray, parts: int) -> np.ndarray:
-    """Rows per destination of :func:`modular_partition`'s output (int64, ``parts`` long)."""
-    if parts <= _exchange._SCAN_PARTS:
-        return _exchange.scan_counts(dest, parts)
-    return np.bincount(dest, minlength=parts).astype(np.int64)
 
 
 def modular_balanced(counts: np.ndarray) -> bool:

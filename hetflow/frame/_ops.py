@@ -148,7 +148,7 @@ def _modular_candidate(comm, left: pa.Table, right: pa.Table, lk, rk, how: str):
         return None, np.full(size, -1, np.int64)
     with phase("partition"):
         residues = [_hash.modular_partition(t.column(k), size) for t, k in sides]
-        counts = sum(_hash.residue_counts(r, size) for r in residues)
+        counts = sum(_exchange.destination_counts(r, size) for r in residues)
     return residues, counts
 
 
