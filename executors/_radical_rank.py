@@ -9,14 +9,12 @@ stack) exactly as the one-launch-per-task path does.
 """
 from __future__ import annotations
 
-from typing import List, Optional
-
 from hetflow.executors._rank import run_on_rank
 from hetflow.executors.taskdir import TaskDir
 
 
-def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: List[str],
-                attempt: Optional[str] = None) -> bool:
+def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: list[str],
+                attempt: str | None = None) -> bool:
     """Run one rank's share in a persistent RAPTOR worker; True if it succeeded.
 
     ``attempt``: the RP task's uid. A task whose worker was recycled before it started
@@ -38,3 +36,10 @@ def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: List[str],
     finally:
         undo()
     return outcome.ok
+
+
+def noop() -> None:
+    """The runtime's start-up probe (its payload's function). It lives here, in a module
+    every rank imports anyway: by reference from ``hetflow.executors.radical`` it made each
+    rank of a new worker import the client's stack (Parsl, through the executor kernel),
+    ~1 CPU-s a rank before the probe could run."""

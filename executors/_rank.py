@@ -183,6 +183,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
         payload: TaskPayload = pickle.loads(payload_bytes)
     except Exception as exc:  # e.g. the function's module is not importable on this rank
         return _error_outcome(rank, exc, started, time.time(), "could not unpickle the task: ")
+    arrive(comm)
     user_comm = comm.Dup()
     own_umask = user_umask()
     try:
@@ -208,6 +209,34 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
     return RankOutcome(rank=rank, host=_host(), pid=os.getpid(), ok=True,
                        value=value_bytes, started=started, finished=finished)
 
+
+
+#: How a rank waits for its peers before a task starts (:func:`arrive`): this many polls,
+#: then sleeps from the first to the longest.
+_ARRIVE_POLLS = 200
+_ARRIVE_FIRST_SLEEP, _ARRIVE_MAX_SLEEP = 1e-4, 5e-3
+
+
+def arrive(comm) -> None:
+    """Wait until every rank of ``comm`` has reached this point, asleep after a short poll.
+
+    MPICH's blocking calls busy-poll, so a rank that unpickles its task first (or gets it
+    first) would spin in the first collective while its peers still import the task's
+    modules, and on a node with more ranks than cores the spinners take the CPU those
+    peers need. Seen in a RAPTOR worker of 4 ranks on 2 busy cores: three ranks spun
+    (half of it in the kernel, yielding) while the fourth imported its task's modules,
+    and the worker's first task had not run after two minutes.
+    """
+    if comm.Get_size() == 1:
+        return
+    arrived = comm.Ibarrier()
+    for _ in range(_ARRIVE_POLLS):
+        if arrived.Test():
+            return
+    delay = _ARRIVE_FIRST_SLEEP
+    while not arrived.Test():
+        time.sleep(delay)
+        delay = min(delay * 2, _ARRIVE_MAX_SLEEP)
 
 
 def local_rank() -> int:

@@ -47,6 +47,7 @@ from hetflow._progress import waiting
 from hetflow._private import tighten
 from hetflow.errors import ConfigError, ExecutorBroken, LaunchError
 from hetflow.executors import allocation as batch
+from hetflow.executors._radical_rank import noop
 from hetflow.executors._rank import TaskPayload
 from hetflow.executors._rp_hygiene import (client_children, end_leftovers, import_rp,
                                            release_client_handles, started_during,
@@ -460,10 +461,8 @@ class RadicalExecutor(Executor):
         rp = import_rp()
 
         taskdir = TaskDir(private_dir(os.path.join(self.task_root, f"probe-{time.time_ns()}")))
-        payload = TaskPayload(task_id=-1, func=_noop, args=(), kwargs={},
-                              resources=Resources(ranks=self.max_ranks)).dumps()
-        rp_task = self._raptor.submit_tasks(
-            [self._function_description(payload, taskdir, self.max_ranks)])[0]
+        rp_task = self._raptor.submit_tasks([self._function_description(
+            probe_payload(self.max_ranks), taskdir, self.max_ranks)])[0]
         t0 = time.time()
         deadline = t0 + self.startup_timeout
         while rp_task.state not in _FINAL and time.time() < deadline:
@@ -843,8 +842,11 @@ class RadicalExecutor(Executor):
 
 
 # ---------------------------------------------------------------------- helpers
-def _noop():
-    return None
+def probe_payload(ranks: int) -> bytes:
+    """The start-up probe's payload: a no-op on ``ranks`` ranks, whose function every rank
+    finds in a module it imports anyway (see :func:`~hetflow.executors._radical_rank.noop`)."""
+    return TaskPayload(task_id=-1, func=noop, args=(), kwargs={},
+                       resources=Resources(ranks=ranks)).dumps()
 
 
 def _text(output) -> str:

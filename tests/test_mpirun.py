@@ -122,3 +122,42 @@ def test_scheduler_backfill_is_bounded():
     sched.free = [0]  # one slot busy
     assert [item for item, _ in sched.pop_ready()] == ["small1"]
     assert sched.pop_ready() == []  # the big task may not be bypassed again
+
+
+#: Under mpiexec -n 2: rank 1 reaches the rank runner ``LATE_S`` late (a slow import of the
+#: task's modules); rank 0 reports the CPU seconds it used in the runner meanwhile.
+LATE_PEER = '''
+import os, sys, time
+from mpi4py import MPI
+import mpiutil
+from hetflow.executors._rank import TaskPayload, run_on_rank
+from hetflow.spec import Resources
+
+LATE_S = float(sys.argv[1])
+comm = MPI.COMM_WORLD
+payload = TaskPayload(task_id=1, func=os.getpid, args=(), kwargs={},
+                      resources=Resources(ranks=2)).dumps()
+comm.Barrier()
+if comm.Get_rank() == 1:
+    time.sleep(LATE_S)
+cpu, wall = time.process_time(), time.monotonic()
+outcome = run_on_rank(payload, comm)
+mpiutil.report({"ok": outcome.ok, "cpu_s": time.process_time() - cpu,
+                "wall_s": time.monotonic() - wall})
+'''
+
+
+@pytest.mark.timeout(120)
+def test_rank_waits_for_a_late_peer_asleep():
+    # MPICH's blocking calls busy-poll: before the runner waited for its peers in a slept-on
+    # barrier, rank 0 spun in comm.Dup() for the whole delay (checked: 3.0 CPU-s of the 3 s;
+    # with the barrier, ~0.02), taking the CPU the late rank needed on an oversubscribed
+    # node. CPU seconds, not wall time: a spinning wait uses the CPU even on a loaded machine.
+    from mpiutil import run_mpi
+
+    late_s = 3.0
+    run = run_mpi(LATE_PEER, 2, args=[str(late_s)]).check()
+    first, second = run.values(2)
+    assert first["ok"] and second["ok"], (first, second)
+    assert first["wall_s"] >= late_s * 0.9, first        # it did wait for the late rank
+    assert first["cpu_s"] < 0.3 * late_s, first

@@ -56,6 +56,24 @@ def test_unpickling_a_payload_by_reference_needs_no_cloudpickle(tmp_path):
     assert "hetflow.spec" not in found   # resources stay a dict until asked for
 
 
+@pytest.mark.timeout(150)
+def test_radical_start_probe_runs_without_the_client_stack(tmp_path):
+    # Every rank of every new RAPTOR worker runs the runtime's start-up probe: its function
+    # must come from a module the ranks import anyway, not from the executor's (which pulls
+    # in Parsl through the executor kernel: ~1 CPU-s a rank, on a start that is timed).
+    made = subprocess.run([sys.executable, "-c", (
+        "import sys\n"
+        "from hetflow.executors import radical\n"
+        "sys.stdout.buffer.write(radical.probe_payload(2))")], check=True,
+        capture_output=True, cwd=tmp_path, timeout=120).stdout
+    (tmp_path / "probe.pkl").write_bytes(made)
+    found = imported_by(
+        "import pickle, hetflow.executors._radical_rank\n"
+        "p = pickle.loads(open('probe.pkl', 'rb').read())\n"
+        "assert p.func() is None", tmp_path)
+    assert not found & set(FORBIDDEN_ON_RANKS), sorted(found & set(FORBIDDEN_ON_RANKS))
+
+
 def test_payload_round_trip_keeps_resources():
     import pickle
 
