@@ -20,7 +20,7 @@ from hetflow.executors import _pool_wire as wire
 from hetflow.executors._pool_faults import rank_death
 from hetflow.executors.allocation import srun_prefix
 from hetflow.executors.launch import (ended, forget_recorded_shm, kill_tree, launcher_env,
-                                      launcher_flavour)
+                                      launcher_flavour, with_malloc_thp)
 from hetflow.executors.taskdir import PRIVATE_UMASK, TaskDir, private_dir
 from hetflow.executors.watch import EVIDENCE_GRACE_S
 
@@ -112,7 +112,7 @@ class Worlds:
         env = {**self.env, "HETFLOW_POOL_CORES": ",".join(
             str(allowed[c % len(allowed)]) for c in cores) if (self.pin and allowed and cores)
             else ""}
-        env = launcher_env(self.mpiexec, env) if self.mpiexec else env
+        env = launcher_env(self.mpiexec, env) if self.mpiexec else with_malloc_thp(dict(env))
         out, err = taskdir.open_output()
         with out, err:
             try:

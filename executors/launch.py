@@ -52,10 +52,31 @@ def launcher_flavour(mpiexec: str) -> str:
     return "openmpi" if "Open MPI" in out or "OpenRTE" in out else "mpich"
 
 
+#: glibc's tunable that makes malloc ask for transparent huge pages (``madvise``) for the
+#: memory it maps; glibc before 2.35 and other C libraries ignore it.
+MALLOC_THP = "glibc.malloc.hugetlb=1"
+
+
+def with_malloc_thp(env: dict) -> dict:
+    """``env`` (changed in place) with :data:`MALLOC_THP` added to ``GLIBC_TUNABLES``, so the
+    processes started with it map their large buffers in 2 MiB pages, not 4 KiB ones: a
+    page fault, and the kernel's zeroing, per 2 MiB on first touch. NumPy asks for that for
+    its own arrays of 4 MiB and more; Arrow's buffers and smaller ones did not get it
+    (docs/engine.md has the measurements). Left as it is where ``GLIBC_TUNABLES`` already
+    sets ``glibc.malloc.hugetlb`` (the user's choice) or ``HETFLOW_FRAME_ALLOCATOR=keep``
+    (the opt-out from hetflow's allocator settings)."""
+    tunables = env.get("GLIBC_TUNABLES", "")
+    if env.get("HETFLOW_FRAME_ALLOCATOR") == "keep" or "glibc.malloc.hugetlb=" in tunables:
+        return env
+    env["GLIBC_TUNABLES"] = f"{tunables}:{MALLOC_THP}" if tunables else MALLOC_THP
+    return env
+
+
 def launcher_env(mpiexec: str, base: Optional[dict] = None) -> dict:
-    """Environment for the launcher; Open MPI as root needs its two opt-in variables, and
-    inside a Slurm allocation the launcher's steps overlap."""
-    env = dict(os.environ if base is None else base)
+    """Environment for the launcher (and so the ranks); Open MPI as root needs its two opt-in
+    variables, inside a Slurm allocation the launcher's steps overlap, and malloc asks for
+    transparent huge pages (:func:`with_malloc_thp`)."""
+    env = with_malloc_thp(dict(os.environ if base is None else base))
     if env.get("SLURM_JOB_ID"):
         # Inside a Slurm allocation Hydra starts its proxies with srun, and a step takes
         # its nodes' CPUs: a second task's step waits ("Requested nodes are busy") for the

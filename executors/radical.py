@@ -54,7 +54,7 @@ from hetflow.executors._rp_hygiene import (client_children, end_leftovers, impor
                                            restore_environment, rp_zmq_objects,
                                            session_processes, set_environment)
 from hetflow.executors.kernel import Executor, Task
-from hetflow.executors.launch import ended, hydra_deaths, kill_tree, tail
+from hetflow.executors.launch import ended, hydra_deaths, kill_tree, tail, with_malloc_thp
 from hetflow.executors.taskdir import Deaths, TaskDir, private_dir
 from hetflow.executors.watch import PEER_GRACE_S, POLL_S
 from hetflow.spec import Resources
@@ -299,6 +299,9 @@ class RadicalExecutor(Executor):
         os.makedirs(env["TMPDIR"], exist_ok=True)
         # The client's own temp dir is fixed before TMPDIR changes (tempfile caches it).
         self.rank_env = {"TMPDIR": tempfile.gettempdir()}
+        tunables = with_malloc_thp(dict(os.environ)).get("GLIBC_TUNABLES")
+        if tunables:          # (the user's, with malloc's huge pages unless they chose)
+            self.rank_env["GLIBC_TUNABLES"] = tunables
         self._saved_env = set_environment(env)
         os.makedirs(env["RADICAL_PILOT_BASE"], exist_ok=True)
 
@@ -736,13 +739,16 @@ class RadicalExecutor(Executor):
                 return
             logger.warning("%s; starting a new one", why)
             self.restarts.append(why)
-            try:
-                self._tmgr.cancel_tasks(uid)     # a launch RP has not made yet never happens
-            except Exception:  # noqa: BLE001 - best effort: its processes are killed below
-                pass
+            # Its launcher's tree first: RP's cancel kills the launch's process group, where
+            # Hydra's srun (inside Slurm) is not, and a launcher gone before this looked for
+            # it left that srun and its proxy running (seen under load).
             root = self._worker_launcher({})
             if root is not None:
                 kill_tree(root)
+            try:
+                self._tmgr.cancel_tasks(uid)     # a launch RP has not made yet never happens
+            except Exception:  # noqa: BLE001 - best effort: its processes are killed above
+                pass
             self._worker_starts += 1
             if self._worker_starts < WORKER_STARTS:
                 self._start_worker(replacement=True)

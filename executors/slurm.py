@@ -34,7 +34,7 @@ from typing import Dict, Optional, Sequence
 from hetflow.errors import LaunchError
 from hetflow.executors.allocation import partition_sinfo
 from hetflow.executors.kernel import Executor, Task
-from hetflow.executors.launch import tail
+from hetflow.executors.launch import tail, with_malloc_thp
 from hetflow.executors.taskdir import LAUNCHER, Deaths, TaskDir, write_private
 
 #: Seconds between looks at a running job's task dir (its batch script's records).
@@ -118,7 +118,8 @@ class SlurmExecutor(Executor):
         self.sbatch_args = tuple(sbatch_args)
         self.srun_args = tuple(srun_args)
         self.python = python or sys.executable
-        self.env = {**os.environ, **(env or {})}
+        # (the job's environment, sbatch --export=ALL)
+        self.env = with_malloc_thp({**os.environ, **(env or {})})
         self.keep_task_dirs = keep_task_dirs
         self.sbatch = slurm_tool("sbatch")
         self.scancel = slurm_tool("scancel")

@@ -161,3 +161,56 @@ def test_rank_waits_for_a_late_peer_asleep():
     assert first["ok"] and second["ok"], (first, second)
     assert first["wall_s"] >= late_s * 0.9, first        # it did wait for the late rank
     assert first["cpu_s"] < 0.3 * late_s, first
+
+
+def test_malloc_huge_pages_keep_the_users_choices():
+    from hetflow.executors.launch import MALLOC_THP, with_malloc_thp
+
+    assert with_malloc_thp({})["GLIBC_TUNABLES"] == MALLOC_THP
+    assert with_malloc_thp({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})["GLIBC_TUNABLES"] \
+        == "glibc.malloc.arena_max=2:" + MALLOC_THP
+    chosen = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
+    assert with_malloc_thp(dict(chosen)) == chosen
+    assert "GLIBC_TUNABLES" not in with_malloc_thp({"HETFLOW_FRAME_ALLOCATOR": "keep"})
+
+
+#: Writes a byte into each 4 KiB page of a fresh 32 MiB Arrow buffer (the system allocator,
+#: as the engine's ranks use it) and prints the page faults that took.
+FRESH_ARROW_BUFFER = """
+import resource, numpy as np, pyarrow as pa
+view = np.frombuffer(pa.allocate_buffer(32 << 20, memory_pool=pa.system_memory_pool()), np.uint8)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+view[::4096] = 1
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _thp_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
+            return fh.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "never"
+
+
+@pytest.mark.timeout(120)
+def test_ranks_fault_in_arrow_buffers_by_huge_pages():
+    import subprocess
+    import sys
+
+    from hetflow.executors.launch import default_mpiexec, launcher_env
+
+    mode = _thp_mode()
+    if mode == "never":
+        pytest.skip("this kernel's transparent huge pages are off")
+
+    def faults(env):
+        out = subprocess.run([sys.executable, "-c", FRESH_ARROW_BUFFER], env=env, check=True,
+                             capture_output=True, text=True, timeout=60).stdout
+        return int(out.split()[-1])
+
+    plain = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    with_thp = faults(launcher_env(default_mpiexec(), plain))   # what a rank is started with
+    assert with_thp < 1024, with_thp                            # 16 huge pages (~17 faults)
+    if mode == "madvise":   # only asked-for memory gets huge pages: the 8,192 small ones
+        assert faults(plain) >= 4096

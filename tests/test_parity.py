@@ -48,6 +48,11 @@ def rendezvous(comm, mine, theirs, timeout=60.0):
     return (comm.Get_rank(), comm.Get_size(), met)
 
 
+@hetflow.mpi_app(ranks=2, returns="all")
+def environment_variable(comm, name):
+    return os.environ.get(name, "")
+
+
 @hetflow.mpi_app(ranks=2)
 def raise_on_rank_one(comm):
     if comm.Get_rank() == 1:
@@ -102,6 +107,13 @@ def _expect_unsupported(executor, feature):
 # ----------------------------------------------------------------------------- results
 def test_root_result(runtime_name):
     assert add(1, 2).result() == 6
+
+
+def test_ranks_ask_malloc_for_huge_pages(runtime_name):
+    # Every runtime starts its ranks with glibc's malloc asking for transparent huge pages
+    # (executors/launch.py, with_malloc_thp; its effect: test_mpirun.py).
+    for tunables in environment_variable("GLIBC_TUNABLES").result():
+        assert "glibc.malloc.hugetlb=1" in tunables.split(":"), tunables
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
