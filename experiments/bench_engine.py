@@ -301,14 +301,18 @@ def hetflow_run(op: str, args, ranks=None, rows=None, repeats=None,
                "--repeats", str(args.repeats if repeats is None else repeats), "--out", out]
         if args.phases and engine == "hetflow":
             cmd.append("--phases")
-        from hetflow.executors.launch import with_malloc_thp
-
-        # the ranks' environment as hetflow's runtimes give it (Cylon's too), then --mpi-env
-        env = with_malloc_thp(dict(os.environ))
-        env.update(kv.split("=", 1) for kv in args.mpi_env)
-        subprocess.run(cmd, check=True, timeout=args.timeout, env=env)
+        subprocess.run(cmd, check=True, timeout=args.timeout, env=_ranks_env(args))
         with open(out) as fh:
             return json.load(fh)
+
+
+def _ranks_env(args) -> dict:
+    """The ranks' environment (Cylon's too): as hetflow's runtimes give it, then --mpi-env."""
+    from hetflow.executors.launch import with_malloc_thp
+
+    env = with_malloc_thp(dict(os.environ))
+    env.update(kv.split("=", 1) for kv in args.mpi_env)
+    return env
 
 
 PHASES = ("check", "partition", "split", "pack", "exchange", "reassemble", "sample", "local")
@@ -374,11 +378,8 @@ def scaling(args) -> int:
     print(f"hetflow scaling ({kind} = {args.per_rank:,}), ranks {counts}, {args.rounds} "
           f"rounds x {args.repeats} repeats, MPI env {args.mpi_env or 'default'}, "
           f"{os.cpu_count()} cores", flush=True)
-    from hetflow.executors.launch import with_malloc_thp
-
-    print(f"ranks' GLIBC_TUNABLES: "
-          f"{with_malloc_thp(dict(os.environ)).get('GLIBC_TUNABLES') or '(none)'}"
-          f"{' (--mpi-env may change it)' if args.mpi_env else ''}", flush=True)
+    print(f"ranks' GLIBC_TUNABLES: {_ranks_env(args).get('GLIBC_TUNABLES') or '(none)'}",
+          flush=True)
     engines = {op: ["hetflow"] + (CYLON_ENGINES[op] if args.cylon else []) for op in ops}
     if args.cylon:
         print(f"Cylon itself (pycylon) beside it, under {args.cylon}", flush=True)
