@@ -111,6 +111,15 @@ _WORKER_EVIDENCE_S = 30.0
 #: Set to N, the runtime's first N replacement RAPTOR workers never come up (their ranks
 #: sleep before they start), as one whose launch hung does (tests/test_radical.py).
 WORKER_HANG_KNOB = "HETFLOW_RAPTOR_WORKER_HANG"
+#: Set to N, the runtime's first N replacement RAPTOR workers print an ``srun`` error where
+#: their launch's stderr goes, then hang, as one does whose Hydra could not start its proxies
+#: (tests/test_radical.py).
+WORKER_SRUN_FAILS_KNOB = "HETFLOW_RAPTOR_WORKER_SRUN_FAILS"
+#: What ``srun`` prints when it cannot start: inside a Slurm allocation Hydra starts its
+#: proxies with it, and after such a failure Hydra waits on forever (seen under load:
+#: "srun: error: Unable to confirm allocation for job N: Socket timed out on send/recv
+#: operation", slurmctld too slow to answer).
+SRUN_ERROR = "srun: error: "
 
 
 class _StartStalled(LaunchError):
@@ -214,6 +223,8 @@ class RadicalExecutor(Executor):
         self._worker_up = False
         self._worker_starts = 0                     # failed starts in a row
         self._worker_hangs = 0                      # WORKER_HANG_KNOB: hangs made so far
+        self._srun_fails = 0                        # WORKER_SRUN_FAILS_KNOB: the same
+        self._launch_stderr: Dict[str, str] = {}    # RP task uid -> its launch's stderr file
         self._worker_lock = threading.RLock()       # one worker kill-and-start at a time
         self._raptor_broken: Optional[ExecutorBroken] = None
         #: Seconds a replacement RAPTOR worker may take to come up (see WORKER_STARTS).
@@ -440,6 +451,10 @@ class RadicalExecutor(Executor):
         if replacement and self._worker_hangs < int(os.environ.get(WORKER_HANG_KNOB) or 0):
             self._worker_hangs += 1
             hang = ["sleep 86400"]      # before the rank's Python starts (RP's pre_exec)
+        elif replacement and self._srun_fails < int(os.environ.get(WORKER_SRUN_FAILS_KNOB) or 0):
+            self._srun_fails += 1
+            hang = [f"echo '{SRUN_ERROR}Unable to confirm allocation for job 0: (the test "
+                    f"knob {WORKER_SRUN_FAILS_KNOB})' >&2", "sleep 86400"]
         placement = {}
         if self.allocation is not None or self.slurm is not None:
             # Node-packed like the allocation: a task's ranks (the worker's lowest ranks
@@ -473,6 +488,12 @@ class RadicalExecutor(Executor):
             if self._raptor.state in _FINAL:    # the master died: nothing will run it
                 raise LaunchError(f"RAPTOR master is {self._raptor.state} before it ran a "
                                   f"task: {_text(self._raptor.stderr)[-2000:]}", logs=[self.sandbox])
+            failed = self._srun_failed(self._worker_uid)
+            if failed is not None:   # the probe runs on the next worker, as tasks do later
+                self._replace_worker(self._worker_uid,
+                                     f"RAPTOR worker {self._worker_uid}'s launch failed: {failed}")
+                if self._raptor_broken is not None:
+                    raise LaunchError(str(self._raptor_broken), logs=[self.sandbox])
             if self._raptor.state in _UNPLACED and time.time() - t0 > SCHEDULER_STUCK_S:
                 raise _SchedulerStuck(
                     f"RADICAL-Pilot's agent did not place the RAPTOR master within "
@@ -712,10 +733,10 @@ class RadicalExecutor(Executor):
                     logger.exception("watchdog could not check task %s; checking again", task.id)
 
     def _check_worker(self) -> None:
-        """Replace a RAPTOR worker that does not come up: its RP task ended first, or it
-        has taken ``worker_start_s`` (seen once: its launch's ``srun`` failed on a node
-        whose slurmd did not answer in time, and Hydra waited on forever). Tasks submitted
-        meanwhile wait in the master's queue and run on the next worker."""
+        """Replace a RAPTOR worker that does not come up: its RP task ended first, its
+        launch's ``srun`` failed (Hydra then waits on forever), or it has taken
+        ``worker_start_s``. Tasks submitted meanwhile wait in the master's queue and run on
+        the next worker."""
         if self._worker_up or self._stopping or self._raptor_broken is not None:
             return
         uid, task = self._worker_uid, self._worker_task
@@ -723,13 +744,33 @@ class RadicalExecutor(Executor):
             self._worker_up, self._worker_starts = True, 0
             return
         state = getattr(task, "state", None)
+        failed = self._srun_failed(uid)
         if state in _FINAL:
             why = f"RAPTOR worker {uid} ended ({state}) before it came up"
+        elif failed is not None:
+            why = f"RAPTOR worker {uid}'s launch failed: {failed}"
         elif time.monotonic() - self._worker_since > self.worker_start_s:
             why = f"RAPTOR worker {uid} did not come up within {self.worker_start_s:.0f} s"
         else:
             return
         self._replace_worker(uid, why)
+
+    def _srun_failed(self, uid: str) -> Optional[str]:
+        """The first ``srun`` error in the launch's stderr of RP task ``uid`` (a worker that
+        is not up), or None."""
+        path = self._launch_stderr.get(uid)
+        if path is None:
+            found = glob.glob(os.path.join(self.sandbox, "*", self._session.uid, "*", uid,
+                                           f"{uid}.err"))
+            if not found:
+                return None          # not launched yet
+            path = self._launch_stderr[uid] = found[0]
+        try:
+            with open(path, "rb") as fh:
+                text = fh.read(1 << 16).decode(errors="replace")
+        except OSError:
+            return None
+        return next((line.strip() for line in text.splitlines() if SRUN_ERROR in line), None)
 
     def _replace_worker(self, uid: str, why: str) -> None:
         """Kill worker ``uid`` (unless a recycle replaced it meanwhile) and start another;

@@ -179,6 +179,24 @@ def test_a_worker_that_never_comes_up_is_replaced_and_queued_tasks_run_once(
 
 
 @pytest.mark.on_shared_runtime("radical")
+def test_a_worker_whose_srun_failed_is_replaced_at_once(shared_executor, monkeypatch):
+    # Inside a Slurm allocation Hydra starts its proxies with srun; when srun fails (seen under
+    # load: slurmctld did not answer it in time) Hydra waits on, and the worker would be
+    # replaced only after worker_start_s. Its launch's stderr has the srun error: the runtime
+    # reads it and replaces the worker then (the knob makes the next replacement print one and
+    # hang, as Hydra does).
+    ex = shared_executor
+    monkeypatch.setenv(radical.WORKER_SRUN_FAILS_KNOB, str(ex._srun_fails + 1))
+    monkeypatch.setattr(ex, "worker_start_s", 300.0)      # not the path under test
+    before = len(ex.restarts)
+    with pytest.raises(hetflow.TaskFailed):          # a failed rank recycles the worker
+        raise_on_rank_one().result(timeout=120)
+    assert where().result(timeout=240)               # on the worker after the failed one
+    new = ex.restarts[before:]
+    assert len(new) == 1 and "launch failed: srun: error: Unable to confirm" in new[0], new
+
+
+@pytest.mark.on_shared_runtime("radical")
 def test_raptor_worker_leaves_nothing_in_dev_shm(shared_executor):
     # Every rank of the RAPTOR worker unlinks its MPICH segments' names once the worker is up
     # (executors/_raptor_worker.py), as the other runtimes' ranks do (test_shm.py): a worker
