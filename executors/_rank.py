@@ -223,9 +223,9 @@ def arrive(comm) -> None:
     MPICH's blocking calls busy-poll, so a rank that unpickles its task first (or gets it
     first) would spin in the first collective while its peers still import the task's
     modules, and on a node with more ranks than cores the spinners take the CPU those
-    peers need. Seen in a RAPTOR worker of 4 ranks on 2 busy cores: three ranks spun
-    (half of it in the kernel, yielding) while the fourth imported its task's modules,
-    and the worker's first task had not run after two minutes.
+    peers need. Seen in a RAPTOR worker of 4 ranks on 2 busy cores: three ranks used
+    0.9-1.4 CPU-s in 10 s spinning (mostly in the kernel, yielding) while the fourth, with
+    work to do, got 0.03 CPU-s.
     """
     if comm.Get_size() == 1:
         return
