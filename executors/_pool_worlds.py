@@ -112,7 +112,7 @@ class Worlds:
         env = {**self.env, "HETFLOW_POOL_CORES": ",".join(
             str(allowed[c % len(allowed)]) for c in cores) if (self.pin and allowed and cores)
             else ""}
-        env = launcher_env(self.mpiexec, env) if self.mpiexec else with_malloc_thp(dict(env))
+        env = launcher_env(self.mpiexec, env) if self.mpiexec else with_malloc_thp(env)
         out, err = taskdir.open_output()
         with out, err:
             try:

@@ -488,10 +488,9 @@ class RadicalExecutor(Executor):
             if self._raptor.state in _FINAL:    # the master died: nothing will run it
                 raise LaunchError(f"RAPTOR master is {self._raptor.state} before it ran a "
                                   f"task: {_text(self._raptor.stderr)[-2000:]}", logs=[self.sandbox])
-            failed = self._srun_failed(self._worker_uid)
+            failed = self._launch_failure(self._worker_uid)
             if failed is not None:   # the probe runs on the next worker, as tasks do later
-                self._replace_worker(self._worker_uid,
-                                     f"RAPTOR worker {self._worker_uid}'s launch failed: {failed}")
+                self._replace_worker(self._worker_uid, failed)
                 if self._raptor_broken is not None:
                     raise LaunchError(str(self._raptor_broken), logs=[self.sandbox])
             if self._raptor.state in _UNPLACED and time.time() - t0 > SCHEDULER_STUCK_S:
@@ -744,20 +743,20 @@ class RadicalExecutor(Executor):
             self._worker_up, self._worker_starts = True, 0
             return
         state = getattr(task, "state", None)
-        failed = self._srun_failed(uid)
+        failed = self._launch_failure(uid)
         if state in _FINAL:
             why = f"RAPTOR worker {uid} ended ({state}) before it came up"
         elif failed is not None:
-            why = f"RAPTOR worker {uid}'s launch failed: {failed}"
+            why = failed
         elif time.monotonic() - self._worker_since > self.worker_start_s:
             why = f"RAPTOR worker {uid} did not come up within {self.worker_start_s:.0f} s"
         else:
             return
         self._replace_worker(uid, why)
 
-    def _srun_failed(self, uid: str) -> Optional[str]:
-        """The first ``srun`` error in the launch's stderr of RP task ``uid`` (a worker that
-        is not up), or None."""
+    def _launch_failure(self, uid: str) -> Optional[str]:
+        """Why worker ``uid`` (not up) will never come up, from the first ``srun`` error in
+        its launch's stderr; None if there is none."""
         path = self._launch_stderr.get(uid)
         if path is None:
             found = glob.glob(os.path.join(self.sandbox, "*", self._session.uid, "*", uid,
@@ -770,7 +769,8 @@ class RadicalExecutor(Executor):
                 text = fh.read(1 << 16).decode(errors="replace")
         except OSError:
             return None
-        return next((line.strip() for line in text.splitlines() if SRUN_ERROR in line), None)
+        line = next((line.strip() for line in text.splitlines() if SRUN_ERROR in line), None)
+        return None if line is None else f"RAPTOR worker {uid}'s launch failed: {line}"
 
     def _replace_worker(self, uid: str, why: str) -> None:
         """Kill worker ``uid`` (unless a recycle replaced it meanwhile) and start another;

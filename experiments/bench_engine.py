@@ -315,6 +315,8 @@ def _ranks_env(args) -> dict:
     return env
 
 
+#: A phase a rank did not enter: (wall s, CPU s, page faults).
+_NO_PHASE = (0, 0, 0)
 PHASES = ("check", "partition", "split", "pack", "exchange", "reassemble", "sample", "local")
 
 
@@ -326,9 +328,9 @@ def _phase_summary(result: dict) -> dict:
     names = [p for p in PHASES if any(p in r for rep in per_rep for r in rep)]
     names += sorted({p for rep in per_rep for r in rep for p in r} - set(names))
     for p in names:
-        wall = [max(r.get(p, (0, 0))[0] for r in rep) for rep in per_rep]
-        cpu = [sum(r.get(p, (0, 0))[1] for r in rep) for rep in per_rep]
-        faults = [sum(r.get(p, (0, 0, 0))[2] for r in rep) for rep in per_rep]
+        wall = [max(r.get(p, _NO_PHASE)[0] for r in rep) for rep in per_rep]
+        cpu = [sum(r.get(p, _NO_PHASE)[1] for r in rep) for rep in per_rep]
+        faults = [sum(r.get(p, _NO_PHASE)[2] for r in rep) for rep in per_rep]
         out[p] = (statistics.median(wall), statistics.median(cpu), statistics.median(faults))
     total_wall = [statistics.median([max(ts) for ts in zip(*result["rank_times"])])]
     accounted = sum(w for w, *_ in out.values())
@@ -437,10 +439,8 @@ def scaling(args) -> int:
             print(f"{'phase':<11}" + "".join(f"{f'{r} rank wall':>14}{'cpu':>8}{'faults':>9}"
                                              for r in counts))
             for p in names:
-                print(f"{p:<11}" + "".join(f"{table[r].get(p, (0, 0, 0))[0]:>14.4f}"
-                                           f"{table[r].get(p, (0, 0, 0))[1]:>8.4f}"
-                                           f"{table[r].get(p, (0, 0, 0))[2]:>9,.0f}"
-                                           for r in counts))
+                cells = (table[r].get(p, _NO_PHASE) for r in counts)
+                print(f"{p:<11}" + "".join(f"{w:>14.4f}{c:>8.4f}{f:>9,.0f}" for w, c, f in cells))
             _print_bound(op, counts, summary, table, args.weak)
     if args.json:
         with open(args.json, "w") as fh:
