@@ -5,6 +5,7 @@ from mpiutil import run_mpi
 
 SCRIPT = r"""
 import math
+import sys
 import numpy as np
 import pyarrow as pa
 import polars as pl
@@ -16,6 +17,14 @@ import mpiutil
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 failures, checked, balance = [], 0, []
+MODE = sys.argv[1]
+if MODE != "batched":
+    # the path of partitions above BATCH_BYTES (one column at a time, integer keys narrowed
+    # to 32 bits), on these small cases; "searched": a splitter search as beyond 9 ranks
+    from hetflow.frame import _exchange, _ops
+    _ops.BATCH_BYTES = -1
+    if MODE == "searched":
+        _exchange._SCAN_PARTS = 0
 
 def check(label, make, by, ascending=True, balance_bound=None):
     global checked
@@ -102,14 +111,25 @@ for asc in (True, False):
     check(f"int64 extremes asc={asc}", extremes(pa.int64(), -2**63, 2**63 - 1), "k", asc)
     check(f"uint64 beyond int64 asc={asc}", extremes(pa.uint64(), 0, 2**64 - 1), "k", asc)
     check(f"floats with infinities asc={asc}", floats, "f", asc)
+    # integer keys whose span is just within, at and beyond 2**32 (narrowed to uint32 or not)
+    for span in (2**32 - 1, 2**32):
+        check(f"int64 span {span} asc={asc}", extremes(pa.int64(), -2**31 - 7, span - 2**31 - 7),
+              "k", asc)
+    check(f"int32 asc={asc}", extremes(pa.int32(), -2**31, 2**31 - 1), "k", asc)
+    check(f"uint32 asc={asc}", extremes(pa.uint32(), 0, 2**32 - 1), "k", asc)
+    check(f"date32 asc={asc}", lambda r: pa.table({
+        "d": pa.array(np.random.default_rng([9, r]).integers(-1000, 30000, 250), pa.int32())
+               .cast(pa.date32()),
+        "v": np.arange(250) + 1000 * r}), "d", asc)
 mpiutil.report({"failures": failures, "checked": checked, "balance": balance})
 """
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 3])
-def test_sort_matches_polars(ranks):
-    run = run_mpi(SCRIPT, ranks, timeout=240)
+@pytest.mark.parametrize("ranks,mode", [(1, "batched"), (2, "batched"), (3, "batched"),
+                                        (2, "streamed"), (3, "streamed"), (3, "searched")])
+def test_sort_matches_polars(ranks, mode):
+    run = run_mpi(SCRIPT, ranks, timeout=240, args=[mode])
     reports = run.values(ranks)
     assert "Warning" not in run.stderr, run.stderr
-    assert reports[0]["checked"] == 3 * 11 + 5 + 2 * 4
+    assert reports[0]["checked"] == 3 * 11 + 5 + 2 * 9
     assert reports[0]["failures"] == [], "\n".join(reports[0]["failures"][:10])

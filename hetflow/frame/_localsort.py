@@ -80,6 +80,13 @@ def sort_order(xp, column, descending: bool = False) -> np.ndarray:
     """
     if xp is not np:
         return xp.asnumpy(xp.argsort(xp.asarray(numeric_key(column, descending))))
+    if not descending:
+        values = key_values(column)
+        if values.dtype == np.int64:
+            # int64 (and 64-bit temporals) ascending: the radix passes read the differences
+            # from the minimum, which are the same from the values as from the uint64 key, so
+            # no key is built (a 64-bit copy of the column)
+            return _radix_consume([values])
     box = [numeric_key(column, descending)]
     return _radix_consume(box)
 
@@ -96,6 +103,8 @@ def _radix_consume(box: list) -> np.ndarray:
     span = int(key.max()) - int(lo)
     if span == 0:
         return np.arange(n, dtype=it)
+    if key.dtype == np.uint32:  # narrow already: its own digits, no shifted copy (<= 2 passes)
+        lo, span = 0, int(key.max())
     passes = (span.bit_length() + 15) // 16
     if passes > 2 and n < 1 << 16:
         return np.argsort(key, kind="stable").astype(it)
@@ -127,12 +136,40 @@ def _radix_consume(box: list) -> np.ndarray:
     return order
 
 
-def merge_order(keys: np.ndarray) -> np.ndarray:
-    """Stable gather order (``keys[order]`` is sorted) of keys made of sorted runs back to back,
-    as a sample sort receives them (one run per source rank): NumPy's stable sort of 64-bit
-    keys is timsort, which finds the runs and merges them in O(n log runs). Equal keys keep
-    their run order, then their position in the run. Indices are int32 below 2**31 rows."""
-    order = np.argsort(keys, kind="stable")
-    if len(order) < 2**31 - 1:
-        order = order.astype(np.int32)
-    return order
+def narrow_kinds(dtype: np.dtype) -> bool:
+    """Whether :func:`narrow` and :func:`widen` handle ``dtype`` (integers; temporals come as
+    their integer view from :func:`key_values`)."""
+    return dtype.kind in "iu"
+
+
+def key_range(values: np.ndarray, descending: bool):
+    """(min, max) of :func:`numeric_key` over ``values`` (non-empty), without building the key
+    when the values are int64 ascending."""
+    if values.dtype == np.int64 and not descending:
+        lo, hi = np.array([values.min(), values.max()], np.int64).view(np.uint64) ^ _SIGN
+        return lo, hi
+    key = numeric_key(values, descending)
+    return key.min(), key.max()
+
+
+def narrow(values: np.ndarray, descending: bool, lo) -> np.ndarray:
+    """``numeric_key(values) - lo`` as uint32 (the caller knows every key is in [lo, lo + 2**32)):
+    half the bytes of the key to move and to sort, in the same order."""
+    out = np.empty(len(values), np.uint32)
+    if values.dtype == np.int64 and not descending:
+        np.subtract(values, (lo ^ _SIGN).view(np.int64), out=out, casting="unsafe")
+    else:
+        np.subtract(numeric_key(values, descending), lo, out=out, casting="unsafe")
+    return out
+
+
+def widen(narrowed: np.ndarray, descending: bool, lo, dtype: np.dtype) -> np.ndarray:
+    """The values whose :func:`narrow` is ``narrowed`` (the inverse, for :func:`narrow_kinds`)."""
+    if dtype == np.int64 and not descending:
+        return np.add(narrowed, (lo ^ _SIGN).view(np.int64), dtype=np.int64)
+    key = np.add(narrowed, lo, dtype=np.uint64)
+    if descending:
+        np.invert(key, out=key)
+    if dtype.kind == "u":
+        return key.astype(dtype)
+    return (key ^ _SIGN).view(np.int64).astype(dtype, copy=False)

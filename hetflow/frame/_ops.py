@@ -272,22 +272,18 @@ def _is_numeric(t: pa.DataType) -> bool:
     return any(f(t) for f in _NUMERIC) and not pa.types.is_float16(t)
 
 
-def _samples_per_rank(size: int) -> int:
-    # Regular sampling with s samples per rank bounds each rank's share by about
-    # N/p + N/s; 32 * p keeps that within ~1/32 of perfect balance at a tiny allgather.
-    return 32 * size
-
-
 def sort(table: DistributedTable, by, ascending: Union[bool, Sequence[bool]] = True, *,
          backend: Optional[str] = None) -> DistributedTable:
     """Distributed sample sort: the result is globally ordered by ``by``.
 
     Rank i's rows all sort before (or equal to) rank i+1's. Nulls go last whatever the
     direction (pandas' default ``na_position="last"``), float NaN just before them. The sort is
-    stable with respect to the ranks-in-order concatenation of the input. Splitters come from
-    regular sampling of the locally sorted data; each row's key is made unique by its origin
-    (rank, position) when it is placed, so even a single key repeated on every row is spread
-    evenly over the ranks.
+    stable with respect to the ranks-in-order concatenation of the input. Each row's key is made
+    unique by its origin (rank, position) when it is placed, so even a single key repeated on
+    every row is spread evenly over the ranks. A single null-free numeric key is partitioned
+    first, by splitters sampled from the unsorted rows, and each rank's rows sorted once (see
+    :func:`_sort_numeric`); other keys are sorted locally, split by regular sampling of the
+    sorted rows, exchanged, and sorted again.
     """
     table = _require_table(table, "sort: table")
     comm = table.comm
@@ -324,120 +320,191 @@ def sort(table: DistributedTable, by, ascending: Union[bool, Sequence[bool]] = T
 
 
 def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -> pa.Table:
+    """Sample sort of a null-free numeric key, partitioning first: splitters from a sample of
+    the unsorted rows, every row sent to the rank its key falls to (ties split by the row's
+    origin, rank then position), and each rank's received rows sorted once.
+
+    Sorting locally first, then exchanging the sorted runs and merging them, sorts every row
+    twice (the radix sort and the merge) and packs each column in sorted order: a random
+    gather. Here a rank packs its rows in their input order (reads in sequence) and its only
+    random gather is the final one, which a one-rank sort makes too. The received rows lie in
+    (origin rank, position) order and the local sort is stable, so the result is stable with
+    respect to the ranks-in-order input, as the splitters' tie-break requires.
+
+    An integer key whose values all lie within 2**32 of the smallest (over all ranks) moves and
+    is sorted as its uint32 offset from it (:func:`_localsort.narrow`), and is widened back
+    when gathered into the output: half the key's bytes on the wire, and its receive buffer,
+    alive through the local sort, half as large.
+    """
     size = comm.Get_size()
     xp = _backend.array_module(be)
     column = table.column(name)
-    with phase("local"):
-        order = _localsort.sort_order(xp, column, descending)
-        if size == 1:
-            return table.take(_arrays.arrow_of(order))
+    if size == 1:
+        with phase("local"):
+            return table.take(_arrays.arrow_of(_localsort.sort_order(xp, column, descending)))
+    values = _localsort.key_values(column)
+    batched = _batched(table)
     with phase("sample"):
-        bounds = _sample_bounds(comm, order, _localsort.key_values(column), descending)
-    # Keys first: the received runs (one per source rank, each sorted) are merged into a
-    # gather order; then every column is fetched and gathered into place one at a time, so a
-    # column's receive buffer is freed before the next one arrives.
-    ex = _exchange.RowExchange(comm, order, bounds, table)
+        sk, sr, sp, lo, span = _splitters(comm, values, descending)
+    narrow = (not batched and xp is np and span is not None and span < 2**32 and
+              _localsort.narrow_kinds(values.dtype))
+    with phase("partition"):
+        if narrow:
+            keys = _localsort.narrow(values, descending, lo)
+            dest = _sort_destinations(keys, (sk - lo).astype(np.uint32), sr, sp, comm)
+        elif values.dtype.kind == "i" and not descending:  # signed ascending: the values' order
+            dest = _sort_destinations(values, (sk ^ _localsort._SIGN).view(np.int64)
+                                      .astype(values.dtype), sr, sp, comm)
+        else:
+            dest = _sort_destinations(_localsort.numeric_key(values, descending), sk, sr, sp,
+                                      comm)
+    order, offsets = _exchange.split_by(dest, size)
+    if batched or not narrow:
+        del dest
+    ex = _exchange.RowExchange(comm, order, offsets, table)
     del order
     key_index = table.schema.get_field_index(name)
     columns: List[Optional[pa.Array]] = [None] * table.num_columns
-    if _batched(table):
+    if batched:
         # small partitions: every column in one exchange (latency-bound), then one gather each
         got = _exchange.fetch_together([(ex, i) for i in range(table.num_columns)])
         ex.release()
         with phase("local"):
-            merge = _localsort.merge_order(_merge_keys(got[key_index], descending))
+            local = _localsort.sort_order(xp, got[key_index], descending)
             for i in range(table.num_columns):
-                columns[i] = _localjoin.take(got[i], merge, False)
+                columns[i] = _localjoin.take(got[i], local, False)
                 got[i] = None
         return pa.Table.from_arrays(columns, schema=table.schema)
-    received = ex.column(key_index)
-    with phase("local"):
-        merge = _localsort.merge_order(_merge_keys(received, descending))
-    fetch = [key_index] + [i for i in range(table.num_columns) if i != key_index]
-    for i in fetch:
-        if i != key_index:
-            received = ex.column(i)
-        if i == fetch[-1]:
+    # The key first, to sort on; then every other column is fetched and gathered into place
+    # one at a time, so a column's receive buffer is freed before the next one arrives.
+    if narrow:
+        received = _arrays.to_numpy(ex.column(_arrays.arrow_of(keys)))
+        del keys
+        # The routing (4 bytes a row) is rebuilt from the destinations (1 byte) after the local
+        # sort, whose temporaries are the operation's peak: a 2-rank sort of 2M rows per rank
+        # then peaks at ~2.9x its partition, not ~3.2x.
+        ex.order = None
+        with phase("local"):
+            local = _localsort.radix_argsort(received)
+            columns[key_index] = _arrays.from_values(column.type, _localsort.widen(
+                _arrays.gather(received, local), descending, lo, values.dtype))
+    else:
+        received = ex.column(key_index)
+        with phase("local"):
+            local = _localsort.sort_order(xp, received, descending)
+            columns[key_index] = _localjoin.take(received, local, False)
+    del received, values
+    rest = [i for i in range(table.num_columns) if i != key_index]
+    if narrow and rest:
+        ex.order = _exchange.split_by(dest, size)[0]
+        del dest
+    if not rest:
+        ex.release()
+    for i in rest:
+        received = ex.column(i)
+        if i == rest[-1]:
             ex.release()  # every column has arrived: the routing is no longer needed
         with phase("local"):
-            columns[i] = _localjoin.take(received, merge, False)
+            columns[i] = _localjoin.take(received, local, False)
         del received
     return pa.Table.from_arrays(columns, schema=table.schema)
 
 
-def _merge_keys(received: pa.Array, descending: bool) -> np.ndarray:
-    """Keys whose stable order is the sort order: signed integers and temporals ascending are
-    their own (a zero-copy view), anything else the order-preserving uint64 map."""
-    t = received.type
-    if not descending and (pa.types.is_signed_integer(t) or
-                           (pa.types.is_temporal(t) and not pa.types.is_interval(t))):
-        return _arrays.to_numpy(received)
-    return _localsort.numeric_key(received, descending)
+def _samples_per_rank(size: int) -> int:
+    """Sample rows per rank for the splitters: the splitters' ranks in the sorted data are off
+    by about N / sqrt(p * s) rows (sampling error), so each rank's share stays within ~1.5% of
+    an even one at 2 ranks (2,048 samples in all) and ~0.4% at 512 (65,536), for an allgather
+    of at most 16 KiB per rank."""
+    return max(32, min(1024, (1 << 16) // size))
 
 
-def _sample_bounds(comm, order: np.ndarray, column_values: np.ndarray,
-                   descending: bool) -> List[int]:
-    """Regular sampling of the locally sorted rows: where this rank's sorted rows split among
-    the ranks (``order[bounds[d]:bounds[d+1]]`` go to rank d).
+def _splitters(comm, values: np.ndarray, descending: bool):
+    """The p - 1 splitters of the sample sort, as uint64 keys, origin ranks and positions, the
+    same on every rank (collective); then the smallest key of all ranks and the span above it
+    (None without rows, or for float keys).
 
-    Sort keys are computed a few rows at a time from a zero-copy view of the column (the
-    splitter search probes O(p log n) rows), so the full 64-bit key need not outlive the local
-    sort.
+    Each rank samples one row, at a seeded random place, from each of ``s`` equal strata of
+    its rows (robust to input that repeats with some period, and reproducible); the samples,
+    weighted by the rows each stands for (a rank with more rows weighs more), are ordered by
+    (sort key, origin rank, position) and cut at every 1/p of the total weight. The key is
+    :func:`_localsort.numeric_key`'s uint64 (its order is the sort order).
     """
     size, rank = comm.Get_size(), comm.Get_rank()
-
-
-    def key_at(rows: np.ndarray) -> np.ndarray:
-        return _localsort.numeric_key(column_values[rows], descending)
-
-    n = len(order)
-    m = min(n, _samples_per_rank(size))
-    pos = (np.arange(m, dtype=np.int64) * n) // m if m else np.zeros(0, np.int64)
-    # One fixed-size non-blocking allgather (a slower rank's local sort is waited for asleep):
-    # per rank its sample count, then up to cap keys and their positions.
+    n = len(values)
     cap = _samples_per_rank(size)
-    mine = np.zeros(1 + 2 * cap, np.int64)
-    mine[0] = m
-    mine[1:1 + m] = key_at(order[pos]).view(np.int64)
-    mine[1 + cap:1 + cap + m] = pos
+    m = min(n, cap)
+    if m == n:
+        pos = np.arange(n, dtype=np.int64)
+    else:
+        starts = (np.arange(m + 1, dtype=np.int64) * n) // m
+        rng = np.random.default_rng([rank, n])
+        pos = starts[:-1] + (rng.random(m) * np.diff(starts)).astype(np.int64)
+    # One fixed-size non-blocking allgather (a slower rank is waited for asleep): per rank its
+    # sample count, row count, smallest and largest key, then up to cap keys and positions.
+    mine = np.zeros(4 + 2 * cap, np.int64)
+    mine[0], mine[1] = m, n
+    if n and _localsort.narrow_kinds(values.dtype):
+        mine[2:4] = np.array(_localsort.key_range(values, descending), np.uint64).view(np.int64)
+    mine[4:4 + m] = _localsort.numeric_key(values[pos], descending).view(np.int64)
+    mine[4 + cap:4 + cap + m] = pos
     every = np.empty((size, len(mine)), np.int64)
     _exchange.wait_all([comm.Iallgather(mine, every)])
-    counts = every[:, 0]
-    values = np.concatenate([every[r, 1:1 + c] for r, c in enumerate(counts)]).view(np.uint64)
+    counts, rows = every[:, 0], every[:, 1]
+    keys = np.concatenate([every[r, 4:4 + c] for r, c in enumerate(counts)]).view(np.uint64)
     ranks = np.repeat(np.arange(size, dtype=np.int64), counts)
-    positions = np.concatenate([every[r, 1 + cap:1 + cap + c] for r, c in enumerate(counts)])
-    total = len(values)
+    positions = np.concatenate([every[r, 4 + cap:4 + cap + c] for r, c in enumerate(counts)])
+    g = np.lexsort((positions, ranks, keys))
+    if not len(g):  # no rows anywhere
+        none = np.zeros(size - 1, np.int64)
+        return none.view(np.uint64), none, none, None, None
+    weight = np.cumsum((rows / np.maximum(counts, 1))[ranks[g]])
+    cut = np.searchsorted(weight, weight[-1] * np.arange(1, size) / size, side="right")
+    pick = g[np.minimum(cut, len(g) - 1)]
+    lo = span = None
+    if _localsort.narrow_kinds(values.dtype):
+        ranges = every[rows > 0, 2:4].view(np.uint64)
+        lo = ranges[:, 0].min()
+        span = int(ranges[:, 1].max()) - int(lo)
+    return keys[pick], ranks[pick], positions[pick], lo, span
 
-    def first_at_least(v, side_right: bool) -> int:
-        # binary search in the sorted keys key[order] without materialising them
-        lo, hi = 0, n
-        while lo < hi:
-            mid = (lo + hi) // 2
-            k = key_at(order[mid:mid + 1])[0]
-            if k < v or (side_right and k == v):
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
 
-    bounds = [0]
-    if total:
-        g = np.lexsort((positions, ranks, values))
-        for j in range(1, size):
-            s = g[(j * total) // size]
-            v, r, q = values[s], int(ranks[s]), int(positions[s])
-            lo, hi = first_at_least(v, False), first_at_least(v, True)
-            if rank < r:
-                b = hi
-            elif rank > r:
-                b = lo
+def _sort_destinations(keys: np.ndarray, bounds: np.ndarray, sr: np.ndarray, sp: np.ndarray,
+                       comm) -> np.ndarray:
+    """Each row's rank: the number of splitters at or below (its key, this rank, its position).
+
+    ``keys`` and the splitters' keys ``bounds`` are in the same order-preserving domain. A few
+    ranks: one comparison pass per splitter; more: a binary search of the splitter keys. A row
+    whose key equals a splitter's is placed by (rank, position) against it.
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+    n = len(keys)
+    small = _arrays.destination_dtype(size)
+    if size - 1 <= _exchange._SCAN_PARTS:
+        dest = np.zeros(n, small)
+        above = np.empty(n, bool)
+        for j in range(size - 1):
+            b = bounds[j]
+            if rank > sr[j]:
+                np.greater_equal(keys, b, out=above)
             else:
-                b = lo + min(max(q - lo, 0), hi - lo)
-            bounds.append(max(b, bounds[-1]))
-    else:
-        bounds += [0] * (size - 1)
-    bounds.append(n)
-    return bounds
+                np.greater(keys, b, out=above)
+                if rank == sr[j]:
+                    ties = np.flatnonzero(keys == b)
+                    above[ties[np.searchsorted(ties, sp[j]):]] = True
+            dest += above.view(np.uint8)
+        return dest
+    lo = np.searchsorted(bounds, keys, side="left")
+    hi = np.searchsorted(bounds, keys, side="right")
+    ties = np.flatnonzero(hi != lo)
+    if len(ties):
+        first = lo[ties]
+        for a in np.unique(first):
+            rows = ties[first == a]
+            b = int(hi[rows[0]])
+            before = int(np.count_nonzero(sr[a:b] < rank))
+            mine = sp[a:b][sr[a:b] == rank]
+            lo[rows] = a + before + np.searchsorted(mine, rows, side="right")
+    return lo.astype(small)
 
 
 _NULL_CLASS, _NAN_CLASS = 2, 1
@@ -472,7 +539,7 @@ def _sort_general(comm, table: pa.Table, names: List[str], asc: List[bool]) -> p
     keys = table.select(names).take(order).combine_chunks()
     cols = [keys.column(i) for i in range(len(names))]
     n = keys.num_rows
-    m = min(n, _samples_per_rank(size))
+    m = min(n, 32 * size)  # regular sampling of the sorted rows: within ~1/32 of an even share
     pos = [(i * n) // m for i in range(m)]
     samples = [(tuple(c[p].as_py() for c in cols), rank, p) for p in pos]
     everything = [s for part in comm.allgather(samples) for s in part]
