@@ -109,7 +109,7 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
     private_dir(base)
     # Before any executor starts: everything it starts carries the guardian's token, so
     # it all dies with the client, however the client dies (see hetflow._guardian).
-    guardian = Guardian(base if owned and not keep_run_dir else None)
+    guardian = Guardian(base, remove=owned and not keep_run_dir)
     try:
         executor = cls(**executor_options)
         config = make_config(executor, run_dir=os.path.join(base, "runinfo"), monitoring=monitoring,
