@@ -506,17 +506,18 @@ def gather(comm, table: pa.Table, root: int = 0) -> Optional[pa.Table]:
     return None
 
 
-def split_by(dest: np.ndarray, parts: int):
+def split_by(dest: np.ndarray, parts: int, counts: Optional[np.ndarray] = None):
     """Stable grouping of row indices by destination: (order, offsets) with rows for d at
-    ``order[offsets[d]:offsets[d+1]]`` in their original relative order."""
+    ``order[offsets[d]:offsets[d+1]]`` in their original relative order. ``counts``: the rows
+    per destination, where the caller has them (else counted here: a pass over ``dest``)."""
     with phase("split"):
-        return _split_by(dest, parts)
+        return _split_by(dest, parts, counts)
 
 
-def _split_by(dest: np.ndarray, parts: int):
+def _split_by(dest: np.ndarray, parts: int, counts: Optional[np.ndarray] = None):
     it = np.int32 if len(dest) < 2**31 - 1 else np.int64  # half the memory of the routing
     offsets = np.zeros(parts + 1, np.int64)
-    np.cumsum(destination_counts(dest, parts), out=offsets[1:])
+    np.cumsum(destination_counts(dest, parts) if counts is None else counts, out=offsets[1:])
     if parts <= _SCAN_PARTS:
         # a few ranks: per slice of the 1-byte destinations, one scan per rank finds its rows
         # and writes them straight into its slot of the order (4x cheaper than a sort at 2

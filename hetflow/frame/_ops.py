@@ -135,8 +135,9 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
 
 
 def _modular_candidate(comm, left: pa.Table, right: pa.Table, lk, rk, how: str):
-    """Both sides' :func:`~hetflow.frame._hash.modular_partition` (or None) and this rank's
-    rows per destination (-1s where this rank cannot use it); ``(None, None)`` where the
+    """Both sides' :func:`~hetflow.frame._hash.modular_partition` with its rows per
+    destination, as pairs (or None), and this rank's rows per destination over both sides
+    (-1s where this rank cannot use it); ``(None, None)`` where the
     arguments rule it out. Those depend only on what every rank passes alike (the rank
     count, the key names, ``how``), so every rank has counts, or none has."""
     size = comm.Get_size()
@@ -148,8 +149,9 @@ def _modular_candidate(comm, left: pa.Table, right: pa.Table, lk, rk, how: str):
         return None, np.full(size, -1, np.int64)
     with phase("partition"):
         residues = [_hash.modular_partition(t.column(k), size) for t, k in sides]
-        counts = sum(_exchange.destination_counts(r, size) for r in residues)
-    return residues, counts
+        per_side = [_exchange.destination_counts(r, size) for r in residues]
+    # each side's counts travel with its residues (its routing needs them: no second count)
+    return list(zip(residues, per_side)), per_side[0] + per_side[1]
 
 
 def _modular_agreed(comm, counts) -> bool:
@@ -184,8 +186,9 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
     partitions (:data:`BATCH_BYTES`) move every column of both sides in one exchange instead:
     there the waits for the peers, not the memory, are what costs.
 
-    ``residues``: both sides' destinations by the modular partition, agreed on by every rank
-    (the local match then addresses keys by their quotient); else the rows are hashed."""
+    ``residues``: both sides' destinations by the modular partition and their rows per
+    destination, agreed on by every rank (the local match then addresses keys by their
+    quotient); else the rows are hashed."""
     if comm.Get_size() == 1:   # nothing moves: the columns as they are
         fetch_left, fetch_right = _column_of(left), _column_of(right)
         keys = {"left": fetch_left(lkey), "right": fetch_right(rkey)}
@@ -203,16 +206,18 @@ def _shuffled_keys(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
                    residues=None):
     """Route both tables' rows by their key's partition (collective): this rank's key columns
     (``{"left": ..., "right": ...}``) and a ``name -> column`` fetch per side for the rest.
-    ``residues``: the two sides' destinations, already chosen (else the keys are hashed)."""
+    ``residues``: the two sides' destinations and rows per destination, already chosen (else
+    the keys are hashed)."""
     size = comm.Get_size()
     xp = _backend.array_module(be)
     routes = []
     for i, (table, key) in enumerate(((left, lkey), (right, rkey))):
+        counts = None
         if residues is not None:
-            dest = residues[i]
+            dest, counts = residues[i]
         else:
             dest = _hash.partition_of(xp, table, [key], size)
-        order, offsets = _exchange.split_by(dest, size)
+        order, offsets = _exchange.split_by(dest, size, counts)
         del dest
         routes.append((order, offsets, table))
         del order
@@ -351,14 +356,14 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
     with phase("partition"):
         if narrow:
             keys = _localsort.narrow(values, descending, lo)
-            dest = _sort_destinations(keys, (sk - lo).astype(np.uint32), sr, sp, comm)
+            dest, counts = _sort_destinations(keys, (sk - lo).astype(np.uint32), sr, sp, comm)
         elif values.dtype.kind == "i" and not descending:  # signed ascending: the values' order
-            dest = _sort_destinations(values, (sk ^ _localsort._SIGN).view(np.int64)
+            dest, counts = _sort_destinations(values, (sk ^ _localsort._SIGN).view(np.int64)
                                       .astype(values.dtype), sr, sp, comm)
         else:
-            dest = _sort_destinations(_localsort.numeric_key(values, descending), sk, sr, sp,
-                                      comm)
-    order, offsets = _exchange.split_by(dest, size)
+            dest, counts = _sort_destinations(_localsort.numeric_key(values, descending), sk,
+                                              sr, sp, comm)
+    order, offsets = _exchange.split_by(dest, size, counts)
     if batched or not narrow:
         del dest
     ex = _exchange.RowExchange(comm, order, offsets, table)
@@ -396,7 +401,7 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
     del received, values
     rest = [i for i in range(table.num_columns) if i != key_index]
     if narrow and rest:
-        ex.order = _exchange.split_by(dest, size)[0]
+        ex.order = _exchange.split_by(dest, size, counts)[0]
         del dest
     if not rest:
         ex.release()
@@ -470,7 +475,8 @@ def _splitters(comm, values: np.ndarray, descending: bool):
 
 def _sort_destinations(keys: np.ndarray, bounds: np.ndarray, sr: np.ndarray, sp: np.ndarray,
                        comm) -> np.ndarray:
-    """Each row's rank: the number of splitters at or below (its key, this rank, its position).
+    """Each row's rank, the number of splitters at or below (its key, this rank, its position),
+    and the rows per rank where the comparisons count them (else None).
 
     ``keys`` and the splitters' keys ``bounds`` are in the same order-preserving domain. A few
     ranks: one comparison pass per splitter; more: a binary search of the splitter keys. A row
@@ -482,6 +488,8 @@ def _sort_destinations(keys: np.ndarray, bounds: np.ndarray, sr: np.ndarray, sp:
     if size - 1 <= _exchange._SCAN_PARTS:
         dest = np.zeros(n, small)
         above = np.empty(n, bool)
+        at_least = np.zeros(size + 1, np.int64)  # rows sent to rank d or above
+        at_least[0] = n
         for j in range(size - 1):
             b = bounds[j]
             if rank > sr[j]:
@@ -492,7 +500,8 @@ def _sort_destinations(keys: np.ndarray, bounds: np.ndarray, sr: np.ndarray, sp:
                     ties = np.flatnonzero(keys == b)
                     above[ties[np.searchsorted(ties, sp[j]):]] = True
             dest += above.view(np.uint8)
-        return dest
+            at_least[j + 1] = np.count_nonzero(above)
+        return dest, at_least[:-1] - at_least[1:]
     lo = np.searchsorted(bounds, keys, side="left")
     hi = np.searchsorted(bounds, keys, side="right")
     ties = np.flatnonzero(hi != lo)
@@ -504,7 +513,7 @@ def _sort_destinations(keys: np.ndarray, bounds: np.ndarray, sr: np.ndarray, sp:
             before = int(np.count_nonzero(sr[a:b] < rank))
             mine = sp[a:b][sr[a:b] == rank]
             lo[rows] = a + before + np.searchsorted(mine, rows, side="right")
-    return lo.astype(small)
+    return lo.astype(small), None
 
 
 _NULL_CLASS, _NAN_CLASS = 2, 1
