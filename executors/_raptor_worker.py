@@ -32,6 +32,11 @@ from mpi4py import MPI
 
 from hetflow.executors._rank import unlink_mapped_mpi_shm
 
+if os.environ.get("HETFLOW_RAPTOR_HANG_AFTER_INIT"):
+    # a test knob (radical.WORKER_HANG_INIT_KNOB): a worker whose ranks are past MPI_Init, its
+    # segments still named, and never come up
+    time.sleep(86400)
+
 #: Seconds between the polls of a rank waiting for its peers at the worker's start.
 _POLL_S = 0.01
 

@@ -48,7 +48,7 @@ from hetflow._private import tighten
 from hetflow.errors import ConfigError, ExecutorBroken, LaunchError
 from hetflow.executors import allocation as batch
 from hetflow.executors._radical_rank import noop
-from hetflow.executors._rank import TaskPayload
+from hetflow.executors._rank import KILLED_WORLD_SHM, TaskPayload, mapped_mpi_shm, unlink_mpi_shm
 from hetflow.executors._rp_hygiene import (client_children, end_leftovers, import_rp,
                                            release_client_handles, started_during,
                                            restore_environment, rp_zmq_objects,
@@ -111,6 +111,12 @@ _WORKER_EVIDENCE_S = 30.0
 #: Set to N, the runtime's first N replacement RAPTOR workers never come up (their ranks
 #: sleep before they start), as one whose launch hung does (tests/test_radical.py).
 WORKER_HANG_KNOB = "HETFLOW_RAPTOR_WORKER_HANG"
+#: Set to N, the runtime's first N replacement RAPTOR workers never come up either, their ranks
+#: asleep right after ``MPI_Init`` (MPICH's segments in /dev/shm, still named: a worker's ranks
+#: unlink them once it is up) (tests/test_radical.py).
+WORKER_HANG_INIT_KNOB = "HETFLOW_RAPTOR_WORKER_HANG_AFTER_INIT"
+#: What such a worker's ranks find in their environment (executors/_raptor_worker.py).
+HANG_AFTER_INIT_ENV = "HETFLOW_RAPTOR_HANG_AFTER_INIT"
 #: Set to N, the runtime's first N replacement RAPTOR workers print an ``srun`` error where
 #: their launch's stderr goes, then hang, as one does whose Hydra could not start its proxies
 #: (tests/test_radical.py).
@@ -224,7 +230,8 @@ class RadicalExecutor(Executor):
         self._worker_starts = 0                     # failed starts in a row
         self._worker_hangs = 0                      # WORKER_HANG_KNOB: hangs made so far
         self._srun_fails = 0                        # WORKER_SRUN_FAILS_KNOB: the same
-        self._launch_stderr: Dict[str, str] = {}    # RP task uid -> its launch's stderr file
+        self._init_hangs = 0                        # WORKER_HANG_INIT_KNOB: the same
+        self._task_sandboxes: Dict[str, str] = {}   # RP task uid -> its task sandbox
         self._worker_lock = threading.RLock()       # one worker kill-and-start at a time
         self._raptor_broken: Optional[ExecutorBroken] = None
         #: Seconds a replacement RAPTOR worker may take to come up (see WORKER_STARTS).
@@ -455,6 +462,9 @@ class RadicalExecutor(Executor):
             self._srun_fails += 1
             hang = [f"echo '{SRUN_ERROR}Unable to confirm allocation for job 0: (the test "
                     f"knob {WORKER_SRUN_FAILS_KNOB})' >&2", "sleep 86400"]
+        elif replacement and self._init_hangs < int(os.environ.get(WORKER_HANG_INIT_KNOB) or 0):
+            self._init_hangs += 1
+            environment[HANG_AFTER_INIT_ENV] = "1"          # read by _raptor_worker
         placement = {}
         if self.allocation is not None or self.slurm is not None:
             # Node-packed like the allocation: a task's ranks (the worker's lowest ranks
@@ -533,6 +543,8 @@ class RadicalExecutor(Executor):
             for proc in session_processes(self.sandbox):
                 kill_tree(proc.pid, wait=False)
         root = self._worker_root or (self._worker_launcher({}) if self._session else None)
+        if self._session is not None and self._worker_uid and not self._worker_up:
+            self._kill_worker_ranks(self._worker_uid)   # not in root's tree inside Slurm
         if root is not None:
             # don't wait for RP to wind the worker down, nor for its agent to reap it
             kill_tree(root, wait=False)
@@ -754,18 +766,26 @@ class RadicalExecutor(Executor):
             return
         self._replace_worker(uid, why)
 
+    def _task_sandbox(self, uid: str) -> Optional[str]:
+        """RP task ``uid``'s sandbox in this runtime's session (its launch's files, its ranks'
+        working dir); None until RP has made it."""
+        path = self._task_sandboxes.get(uid)
+        if path is None and self._session is not None:
+            found = [d for d in glob.glob(os.path.join(self.sandbox, "*", self._session.uid, "*",
+                                                       uid)) if os.path.isdir(d)]
+            if not found:
+                return None          # not launched yet
+            path = self._task_sandboxes[uid] = found[0]
+        return path
+
     def _launch_failure(self, uid: str) -> Optional[str]:
         """Why worker ``uid`` (not up) will never come up, from the first ``srun`` error in
         its launch's stderr; None if there is none."""
-        path = self._launch_stderr.get(uid)
-        if path is None:
-            found = glob.glob(os.path.join(self.sandbox, "*", self._session.uid, "*", uid,
-                                           f"{uid}.err"))
-            if not found:
-                return None          # not launched yet
-            path = self._launch_stderr[uid] = found[0]
+        sandbox = self._task_sandbox(uid)
+        if sandbox is None:
+            return None
         try:
-            with open(path, "rb") as fh:
+            with open(os.path.join(sandbox, f"{uid}.err"), "rb") as fh:
                 text = fh.read(1 << 16).decode(errors="replace")
         except OSError:
             return None
@@ -782,8 +802,10 @@ class RadicalExecutor(Executor):
             self.restarts.append(why)
             # Its launcher's tree first: RP's cancel kills the launch's process group, where
             # Hydra's srun (inside Slurm) is not, and a launcher gone before this looked for
-            # it left that srun and its proxy running (seen under load).
+            # it left that srun and its proxy running (seen under load). Its ranks before the
+            # tree: inside Slurm they are not in it (see _kill_worker_ranks).
             root = self._worker_launcher({})
+            self._kill_worker_ranks(uid)
             if root is not None:
                 kill_tree(root)
             try:
@@ -804,6 +826,30 @@ class RadicalExecutor(Executor):
         for t in victims:
             _retire(t.handle)
             self._finish(t, error=self._raptor_broken)
+
+    def _kill_worker_ranks(self, uid: str) -> int:
+        """SIGKILL the processes working in worker ``uid``'s task sandbox (its ranks and their
+        launch's scripts) and remove the MPI segments they had mapped whose names were still
+        there; how many were killed.
+
+        A worker killed before it came up has MPICH's segments still named in /dev/shm (its
+        ranks unlink them once up, :mod:`hetflow.executors._raptor_worker`). The kill of its
+        launcher's tree reads its ranks' mappings first, but inside Slurm Hydra starts the
+        ranks with ``srun``, under ``slurmstepd``: outside that tree, and their segments were
+        left behind (seen under load). Their working dir, the task sandbox in this runtime's
+        own session, finds them on this node."""
+        sandbox = self._task_sandbox(uid)
+        if sandbox is None:
+            return 0
+        procs = session_processes(sandbox)
+        shm = set().union(*(mapped_mpi_shm(p.pid, KILLED_WORLD_SHM) for p in procs))
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        unlink_mpi_shm(shm)          # killed: none of them maps anything by name again
+        return len(procs)
 
     @staticmethod
     def _lost_or_stuck(handle: _InPilot) -> bool:

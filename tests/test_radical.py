@@ -19,6 +19,7 @@ from conftest import shared_runtime
 from mpiutil import mpiexec
 from test_parity import mark_and_sleep, raise_on_rank_one
 from hetflow._guardian import marked_processes
+from hetflow.executors._rank import mapped_mpi_shm
 from hetflow.executors import radical
 from hetflow.executors.radical import (LOCAL_RESOURCE, RadicalExecutor, _launcher_named,
                                        local_resource_config, session_processes)
@@ -194,6 +195,61 @@ def test_a_worker_whose_srun_failed_is_replaced_at_once(shared_executor, monkeyp
     assert where().result(timeout=240)               # on the worker after the failed one
     new = ex.restarts[before:]
     assert len(new) == 1 and "launch failed: srun: error: Unable to confirm" in new[0], new
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its parent to reap it does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.on_shared_runtime("radical")
+def test_a_worker_killed_before_it_came_up_leaves_nothing_in_dev_shm(shared_executor,
+                                                                     monkeypatch):
+    # A worker killed while its ranks are past MPI_Init but not up has MPICH's segments still
+    # named in /dev/shm (its ranks unlink them once up). Inside Slurm its ranks run under
+    # slurmstepd, outside the launcher's tree whose kill reads the mappings: the runtime finds
+    # them by their working dir, the worker's task sandbox. (Here, outside Slurm, the tree's
+    # kill would find them too: that method is called alone, the launcher still running.)
+    ex = shared_executor
+    monkeypatch.setenv(radical.WORKER_HANG_INIT_KNOB, str(ex._init_hangs + 1))
+    monkeypatch.setattr(ex, "worker_start_s", 300.0)      # replaced below, not by the clock
+    before = len(ex.restarts)
+    with pytest.raises(hetflow.TaskFailed):          # a failed rank recycles the worker
+        raise_on_rank_one().result(timeout=120)
+    deadline = time.time() + 120
+    while True:                       # until every rank of its replacement is past MPI_Init
+        uid = ex._worker_uid
+        sandbox = ex._task_sandbox(uid)
+        mapped = {p.pid: mapped_mpi_shm(p.pid)
+                  for p in (session_processes(sandbox) if sandbox else [])}
+        ranks = [pid for pid, paths in mapped.items() if paths]
+        if len(ranks) == ex.max_ranks:
+            break
+        assert time.time() < deadline, f"the hanging worker's ranks did not map MPICH's " \
+                                       f"segments: {mapped}"
+        time.sleep(0.2)
+    named = set().union(*mapped.values())
+    assert not ex._worker_up
+    launcher = ex._worker_launcher({})
+    assert launcher is not None and psutil.pid_exists(launcher)
+    assert ex._kill_worker_ranks(uid) >= len(ranks)
+    assert not [path for path in named if os.path.exists(path)], named
+    deadline = time.time() + 30
+    while [pid for pid in ranks if _running(pid)]:
+        assert time.time() < deadline, "the worker's ranks outlived the kill"
+        time.sleep(0.1)
+    # the runtime goes on: the worker is replaced (its launch fails, or the clock runs out)
+    ex.worker_start_s = 5.0
+    deadline = time.time() + 120
+    while len(ex.restarts) == before:
+        assert time.time() < deadline, "the killed worker was not replaced"
+        time.sleep(0.02)
+    ex.worker_start_s = 300.0
+    assert where().result(timeout=240)
+    assert len(ex.restarts) == before + 1, ex.restarts
 
 
 @pytest.mark.on_shared_runtime("radical")
