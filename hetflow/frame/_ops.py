@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -416,11 +416,12 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
 
 
 def _samples_per_rank(size: int) -> int:
-    """Sample rows per rank for the splitters: the splitters' ranks in the sorted data are off
-    by about N / sqrt(p * s) rows (sampling error), so each rank's share stays within ~1.5% of
-    an even one at 2 ranks (2,048 samples in all) and ~0.4% at 512 (65,536), for an allgather
-    of at most 16 KiB per rank."""
-    return max(32, min(1024, (1 << 16) // size))
+    """Sample rows per rank for the splitters. With s random samples per rank, a rank's share
+    of the rows is off an even one by about 1/sqrt(s) of it (one standard deviation, whatever
+    the rank count): ~3% with 1,024 (up to 256 ranks), ~6% with 256 (1,024 ranks and more).
+    Regular sampling of locally sorted rows bounds it (the other keys' path), but needs the
+    local sort first. Every rank gathers all samples: at most 4 MiB, then sorts them."""
+    return max(256, min(1024, (1 << 18) // size))
 
 
 def _splitters(comm, values: np.ndarray, descending: bool):
@@ -474,7 +475,7 @@ def _splitters(comm, values: np.ndarray, descending: bool):
 
 
 def _sort_destinations(keys: np.ndarray, bounds: np.ndarray, sr: np.ndarray, sp: np.ndarray,
-                       comm) -> np.ndarray:
+                       comm) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """Each row's rank, the number of splitters at or below (its key, this rank, its position),
     and the rows per rank where the comparisons count them (else None).
 
