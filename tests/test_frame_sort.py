@@ -20,9 +20,12 @@ failures, checked, balance = [], 0, []
 MODE = sys.argv[1]
 if MODE != "batched":
     # the path of partitions above BATCH_BYTES (one column at a time, integer keys narrowed
-    # to 32 bits), on these small cases; "searched": a splitter search as beyond 9 ranks
+    # to 32 bits), on these small cases; "searched": a splitter search as beyond 9 ranks;
+    # "mixed": rank 0's partitions count as large, the others' as small (ranks whose
+    # partitions lie on both sides of the bound must still take one path together)
     from hetflow.frame import _exchange, _ops
-    _ops.BATCH_BYTES = -1
+    if MODE != "mixed" or rank == 0:
+        _ops.BATCH_BYTES = -1
     if MODE == "searched":
         _exchange._SCAN_PARTS = 0
 
@@ -126,7 +129,8 @@ mpiutil.report({"failures": failures, "checked": checked, "balance": balance})
 
 
 @pytest.mark.parametrize("ranks,mode", [(1, "batched"), (2, "batched"), (3, "batched"),
-                                        (2, "streamed"), (3, "streamed"), (3, "searched")])
+                                        (2, "streamed"), (3, "streamed"), (3, "searched"),
+                                        (2, "mixed")])
 def test_sort_matches_polars(ranks, mode):
     run = run_mpi(SCRIPT, ranks, timeout=240, args=[mode])
     reports = run.values(ranks)

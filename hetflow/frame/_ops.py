@@ -105,7 +105,8 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
     # up to MODULAR_MAX_PARTS ranks the counts ride in the check (no round of their own)
     in_check = counts is not None and comm.Get_size() <= _hash.MODULAR_MAX_PARTS
     facts = _check.agree(comm, [left.local.schema, right.local.schema], what=("left", "right"),
-                         facts=key_nulls + ([int(c) for c in counts] if in_check else []))
+                         facts=[int(_small(left.local, right.local))] + key_nulls +
+                         ([int(c) for c in counts] if in_check else []))
     _check.check_columns(left.local.schema, lk, "join", "left table")
     _check.check_columns(right.local.schema, rk, "join", "right table")
     for a, b in zip(lk, rk):
@@ -118,13 +119,13 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
         return _pycylon.join(left, right, lk, rk, how, suffixes)
     be = _backend.resolve(backend)
     _backend.heap_pad_for(left.local.nbytes + right.local.nbytes)
-    no_null_keys = not any(f[0] + f[1] for f in facts)
+    no_null_keys = not any(f[1] + f[2] for f in facts)
     if no_null_keys and _localjoin.fast_key_ok(left.local.schema, right.local.schema, lk, rk, how):
         if counts is not None and not _modular_agreed(
-                comm, [f[2:] for f in facts] if in_check else counts):
+                comm, [f[3:] for f in facts] if in_check else counts):
             residues = None
         out = _join_streamed(comm, left.local, right.local, lk[0], rk[0], how, tuple(suffixes),
-                             be, residues)
+                             be, residues, batched=all(f[0] for f in facts))
         return DistributedTable(comm, out, backend=be if comm.Get_size() > 1 else "cpu")
     lt = _shuffle_local(comm, _canonical_zero(left.local, lk), lk, be)
     rt = _shuffle_local(comm, _canonical_zero(right.local, rk), rk, be)
@@ -178,7 +179,7 @@ def _null_count(table: pa.Table, names: Sequence[str]) -> int:
 
 
 def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, how: str,
-                   suffixes, be: str, residues=None) -> pa.Table:
+                   suffixes, be: str, residues=None, batched: bool = False) -> pa.Table:
     """Join on one null-free integer key with late materialisation: only the key columns are
     shuffled before the local match; each payload column is then shuffled when the output
     gathers it and dropped right after. A rank holds its input, its output and about one
@@ -188,13 +189,14 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
 
     ``residues``: both sides' destinations by the modular partition and their rows per
     destination, agreed on by every rank (the local match then addresses keys by their
-    quotient); else the rows are hashed."""
+    quotient); else the rows are hashed. ``batched``: every rank's partitions are small (see
+    :func:`_small`)."""
     if comm.Get_size() == 1:   # nothing moves: the columns as they are
         fetch_left, fetch_right = _column_of(left), _column_of(right)
         keys = {"left": fetch_left(lkey), "right": fetch_right(rkey)}
     else:
         keys, fetch_left, fetch_right = _shuffled_keys(comm, left, right, lkey, rkey, be,
-                                                       residues)
+                                                       residues, batched)
     stride = comm.Get_size() if residues is not None else 1
     with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
         li, ri = _localjoin.match(keys["left"], keys["right"], how, stride)
@@ -203,7 +205,7 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
 
 
 def _shuffled_keys(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, be: str,
-                   residues=None):
+                   residues=None, batched: bool = False):
     """Route both tables' rows by their key's partition (collective): this rank's key columns
     (``{"left": ..., "right": ...}``) and a ``name -> column`` fetch per side for the rest.
     ``residues``: the two sides' destinations and rows per destination, already chosen (else
@@ -223,7 +225,7 @@ def _shuffled_keys(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
         del order
     left_route, right_route = _exchange.RowExchange.several(comm, routes)
     del routes
-    if not _batched(left, right):
+    if not batched:
         return ({"left": left_route.column(lkey), "right": right_route.column(rkey)},
                 left_route.column, right_route.column)
     # small partitions: every column of both sides in one exchange (latency-bound)
@@ -250,9 +252,12 @@ def _column_of(table: pa.Table):
 BATCH_BYTES = 8 << 20
 
 
-def _batched(*tables: pa.Table) -> bool:
-    """Whether ``tables`` are small enough to exchange in one go (see :data:`BATCH_BYTES`),
-    and their column names unique (columns are then looked up by name)."""
+def _small(*tables: pa.Table) -> bool:
+    """Whether this rank's ``tables`` are small enough to exchange in one go (see
+    :data:`BATCH_BYTES`), and their column names unique (columns are then looked up by name).
+    An operation moves its columns in one go only when this holds on every rank (its
+    collective check gathers each rank's answer): the two ways make different collectives,
+    and ranks whose partitions lie on both sides of the bound would mismatch them."""
     return (sum(t.nbytes for t in tables) <= BATCH_BYTES and
             all(len(set(t.schema.names)) == t.num_columns for t in tables))
 
@@ -303,7 +308,7 @@ def sort(table: DistributedTable, by, ascending: Union[bool, Sequence[bool]] = T
     schema = table.local.schema
     local_nulls = [table.local.column(n).null_count if schema.get_field_index(n) >= 0 else 0
                    for n in names]
-    facts = _check.agree(comm, [schema], facts=local_nulls)
+    facts = _check.agree(comm, [schema], facts=[int(_small(table.local))] + local_nulls)
     _check.check_columns(schema, names, "sort")
     for n in names:
         t = schema.field(n).type
@@ -314,17 +319,19 @@ def sort(table: DistributedTable, by, ascending: Union[bool, Sequence[bool]] = T
         return _pycylon.sort(table, names, asc)
     be = _backend.resolve(backend)
     _backend.heap_pad_for(table.local.nbytes)
-    any_nulls = any(sum(f[i] for f in facts) for i in range(len(names)))
+    any_nulls = any(sum(f[1 + i] for f in facts) for i in range(len(names)))
     fast = len(names) == 1 and _is_numeric(schema.field(names[0]).type) and not any_nulls
     if fast:
-        out = _sort_numeric(comm, table.local, names[0], not asc[0], be)
+        out = _sort_numeric(comm, table.local, names[0], not asc[0], be,
+                            batched=all(f[0] for f in facts))
     else:
         out = _sort_general(comm, table.local, names, asc)
         be = "cpu"
     return DistributedTable(comm, out, backend=be)
 
 
-def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -> pa.Table:
+def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str,
+                  batched: bool = False) -> pa.Table:
     """Sample sort of a null-free numeric key, partitioning first: splitters from a sample of
     the unsorted rows, every row sent to the rank its key falls to (ties split by the row's
     origin, rank then position), and each rank's received rows sorted once.
@@ -334,7 +341,8 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
     gather. Here a rank packs its rows in their input order (reads in sequence) and its only
     random gather is the final one, which a one-rank sort makes too. The received rows lie in
     (origin rank, position) order and the local sort is stable, so the result is stable with
-    respect to the ranks-in-order input, as the splitters' tie-break requires.
+    respect to the ranks-in-order input, as the splitters' tie-break requires. ``batched``:
+    every rank's partition is small (:func:`_small`): all columns move in one exchange.
 
     An integer key whose values all lie within 2**32 of the smallest (over all ranks) moves and
     is sorted as its uint32 offset from it (:func:`_localsort.narrow`), and is widened back
@@ -348,7 +356,6 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str) -
         with phase("local"):
             return table.take(_arrays.arrow_of(_localsort.sort_order(xp, column, descending)))
     values = _localsort.key_values(column)
-    batched = _batched(table)
     with phase("sample"):
         sk, sr, sp, lo, span = _splitters(comm, values, descending)
     narrow = (not batched and xp is np and span is not None and span < 2**32 and
