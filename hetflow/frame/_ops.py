@@ -358,7 +358,9 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str,
     values = _localsort.key_values(column)
     with phase("sample"):
         sk, sr, sp, lo, span = _splitters(comm, values, descending)
-    narrow = (not batched and xp is np and span is not None and span < 2**32 and
+    # the same on every rank (a collective decision: it sets the key's bytes on the wire),
+    # whatever each rank's backend
+    narrow = (not batched and span is not None and span < 2**32 and
               _localsort.narrow_kinds(values.dtype))
     with phase("partition"):
         if narrow:
@@ -397,7 +399,8 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str,
         # then peaks at ~2.9x its partition, not ~3.2x.
         ex.order = None
         with phase("local"):
-            local = _localsort.radix_argsort(received)
+            local = (_localsort.radix_argsort(received) if xp is np else
+                     xp.asnumpy(xp.argsort(xp.asarray(received))))
             columns[key_index] = _arrays.from_values(column.type, _localsort.widen(
                 _arrays.gather(received, local), descending, lo, values.dtype))
     else:
