@@ -105,26 +105,35 @@ def kill_tree(pid: int, wait: bool = True) -> None:
     gone only once its own parent reaped it)."""
     import psutil   # here: only a kill needs the process tree (and ranks never import this module)
 
-    from hetflow.executors._rank import KILLED_TREE_SHM, mapped_mpi_shm, unlink_mpi_shm
-
     try:
         parent = psutil.Process(pid)
         procs = parent.children(recursive=True) + [parent]
     except psutil.NoSuchProcess:
         procs = []
-    # The MPI segments its ranks map whose names are still there (Open MPI's; MPICH's of a
-    # world killed before its ranks unlinked them at the start, see
-    # _rank.forget_mpi_shm_names): removed after the kill, as MPI_Finalize, which they
-    # never reach, would have; so are multiprocessing's named semaphores (_rank.KILLED_TREE_SHM).
+    kill_processes(procs, wait=wait, group=pid)
+
+
+def kill_processes(procs, wait: bool = True, group: Optional[int] = None) -> None:
+    """SIGKILL ``procs`` (psutil processes; and process group ``group``), then remove the
+    named shared memory they mapped whose names were still there: MPI segments (Open MPI's;
+    MPICH's of a world killed before its ranks unlinked them at the start, see
+    _rank.forget_mpi_shm_names), as MPI_Finalize, which they never reach, would have, and
+    multiprocessing's named semaphores (_rank.KILLED_TREE_SHM). Mappings are read first.
+    ``wait``: until they are gone (up to 5 s)."""
+    import psutil
+
+    from hetflow.executors._rank import KILLED_TREE_SHM, mapped_mpi_shm, unlink_mpi_shm
+
     shm = set().union(*(mapped_mpi_shm(proc.pid, KILLED_TREE_SHM) for proc in procs))
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    if group is not None:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     for proc in procs:
         try:
             proc.kill()
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             pass
     unlink_mpi_shm(shm)
     if wait:

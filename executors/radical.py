@@ -48,13 +48,14 @@ from hetflow._private import tighten
 from hetflow.errors import ConfigError, ExecutorBroken, LaunchError
 from hetflow.executors import allocation as batch
 from hetflow.executors._radical_rank import noop
-from hetflow.executors._rank import KILLED_WORLD_SHM, TaskPayload, mapped_mpi_shm, unlink_mpi_shm
+from hetflow.executors._rank import TaskPayload
 from hetflow.executors._rp_hygiene import (client_children, end_leftovers, import_rp,
                                            release_client_handles, started_during,
                                            restore_environment, rp_zmq_objects,
                                            session_processes, set_environment)
 from hetflow.executors.kernel import Executor, Task
-from hetflow.executors.launch import ended, hydra_deaths, kill_tree, tail, with_malloc_thp
+from hetflow.executors.launch import (ended, hydra_deaths, kill_processes, kill_tree, tail,
+                                     with_malloc_thp)
 from hetflow.executors.taskdir import Deaths, TaskDir, private_dir
 from hetflow.executors.watch import PEER_GRACE_S, POLL_S
 from hetflow.spec import Resources
@@ -842,13 +843,7 @@ class RadicalExecutor(Executor):
         if sandbox is None:
             return 0
         procs = session_processes(sandbox)
-        shm = set().union(*(mapped_mpi_shm(p.pid, KILLED_WORLD_SHM) for p in procs))
-        for proc in procs:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        unlink_mpi_shm(shm)          # killed: none of them maps anything by name again
+        kill_processes(procs, wait=False)
         return len(procs)
 
     @staticmethod

@@ -176,6 +176,11 @@ class TaskDir:
 
         return undo
 
+    @staticmethod
+    def is_shm_record(name: str) -> bool:
+        """Whether file ``name`` is a rank's shared-memory record (:meth:`record_shm`)."""
+        return name.startswith("shm-") and name.endswith(".json")
+
     def record_shm(self, rank: int, host: str, paths) -> None:
         write_private(self.file(f"shm-{rank}.json"),
                       json.dumps({"host": host, "paths": sorted(paths)}).encode())
@@ -184,7 +189,7 @@ class TaskDir:
         """The segment paths the ranks on ``host`` recorded (``record_shm``)."""
         paths = set()
         for name in self._names():
-            if name.startswith("shm-") and name.endswith(".json"):
+            if self.is_shm_record(name):
                 try:
                     with open(self.file(name)) as fh:
                         record = json.load(fh)

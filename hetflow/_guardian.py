@@ -418,7 +418,7 @@ def _forget_recorded_shm(run_dir: str) -> None:
     except ImportError:
         return
     for path, _dirs, files in os.walk(run_dir):
-        if any(f.startswith("shm-") and f.endswith(".json") for f in files):
+        if any(TaskDir.is_shm_record(f) for f in files):
             forget_recorded_shm(TaskDir(path))
 
 

@@ -261,7 +261,7 @@ def test_killed_client_takes_its_runtime_with_it_and_the_campaign_resumes(tmp_pa
             time.sleep(0.05)                       # both ranks of task 3 are running
         held = _ranks_holding(marks)
     finally:
-        started, semaphores = _kill_client(first, token) if token else ([], set())
+        started, named_shm = _kill_client(first, token) if token else ([], set())
         if first.poll() is None:
             first.kill()
             first.wait()
@@ -271,8 +271,8 @@ def test_killed_client_takes_its_runtime_with_it_and_the_campaign_resumes(tmp_pa
     # ... and the names of the semaphores they held (multiprocessing's resource tracker,
     # which would have removed them, died with them), and of the MPI segments (Open MPI's: a
     # pool rank that finds its client gone exits on its own, without MPI_Finalize)
-    assert name != "parsl" or [p for p in semaphores if p.startswith("/dev/shm/sem.mp-")]
-    assert not [path for path in semaphores if os.path.exists(path)]
+    assert name != "parsl" or [p for p in named_shm if p.startswith("/dev/shm/sem.mp-")]
+    assert not [path for path in named_shm if os.path.exists(path)]
     # the guardian also removed the runtime's temp run dir
     assert not [n for n in os.listdir(tmp_path / "tmp") if n.startswith("hetflow-")]
 

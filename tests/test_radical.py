@@ -130,6 +130,18 @@ def test_rp_files_all_go_to_the_sandbox_dir_and_lost_starts_are_survived(shared_
     assert len(glob.glob(os.path.join(ex.sandbox, "*", "rp.session.*"))) == 3
 
 
+def _replaced_within_a_short_start(ex, before: int, timeout: float, failure: str) -> None:
+    """Give the RAPTOR worker that is starting 5 s to come up (worker_start_s) and wait until
+    the runtime has replaced it (``ex.restarts`` longer than ``before``); then 300 s again, so
+    the next worker takes what it takes."""
+    ex.worker_start_s = 5.0
+    deadline = time.time() + timeout
+    while len(ex.restarts) == before:
+        assert time.time() < deadline, failure
+        time.sleep(0.02)
+    ex.worker_start_s = 300.0
+
+
 @pytest.mark.on_shared_runtime("radical")
 def test_a_worker_that_never_comes_up_is_replaced_and_queued_tasks_run_once(
         shared_executor, tmp_path, monkeypatch):
@@ -156,12 +168,7 @@ def test_a_worker_that_never_comes_up_is_replaced_and_queued_tasks_run_once(
         doomed.result(timeout=60)
     # The second hanging worker is replaced once it has had worker_start_s (made short here,
     # and long again as soon as it is replaced: the next worker takes what it takes).
-    ex.worker_start_s = 5.0
-    deadline = time.time() + 60
-    while len(ex.restarts) == before:
-        assert time.time() < deadline, "the hanging worker was not replaced"
-        time.sleep(0.02)
-    ex.worker_start_s = 300.0
+    _replaced_within_a_short_start(ex, before, 60, "the hanging worker was not replaced")
     assert len(ex.restarts) == before + 1, ex.restarts
     assert "did not come up within 5 s" in ex.restarts[-1]
     assert appended.result(timeout=240) == "appended"      # on the worker started then
@@ -242,12 +249,7 @@ def test_a_worker_killed_before_it_came_up_leaves_nothing_in_dev_shm(shared_exec
         assert time.time() < deadline, "the worker's ranks outlived the kill"
         time.sleep(0.1)
     # the runtime goes on: the worker is replaced (its launch fails, or the clock runs out)
-    ex.worker_start_s = 5.0
-    deadline = time.time() + 120
-    while len(ex.restarts) == before:
-        assert time.time() < deadline, "the killed worker was not replaced"
-        time.sleep(0.02)
-    ex.worker_start_s = 300.0
+    _replaced_within_a_short_start(ex, before, 120, "the killed worker was not replaced")
     assert where().result(timeout=240)
     assert len(ex.restarts) == before + 1, ex.restarts
 

@@ -99,12 +99,12 @@ def _radix_consume(box: list) -> np.ndarray:
     it = np.int32 if n < 2**31 - 1 else np.int64
     if n <= 1:
         return np.arange(n, dtype=it)
-    lo = key.min()
-    span = int(key.max()) - int(lo)
+    lo, hi = key.min(), key.max()
+    span = int(hi) - int(lo)
     if span == 0:
         return np.arange(n, dtype=it)
     if key.dtype == np.uint32:  # narrow already: its own digits, no shifted copy (<= 2 passes)
-        lo, span = 0, int(key.max())
+        lo, span = 0, int(hi)
     passes = (span.bit_length() + 15) // 16
     if passes > 2 and n < 1 << 16:
         return np.argsort(key, kind="stable").astype(it)
