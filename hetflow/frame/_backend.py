@@ -153,7 +153,8 @@ def _configure_threads_once(ranks_on_node: int) -> int:
 
 #: Buffers from this size up are mmapped by glibc (and returned to the OS when freed); NumPy
 #: asks for transparent huge pages from the same size (4 MiB), so their first touch costs a
-#: fault per 2 MiB, not per 4 KiB page.
+#: fault per 2 MiB, not per 4 KiB page, except in their partial first and last 2 MiB, which
+#: the engine's own buffers avoid (:func:`hetflow.frame._arrays.empty`, from the same size).
 MMAP_THRESHOLD = 4 << 20
 #: When the free memory at the top of glibc's heap exceeds this, it goes back to the OS (a
 #: larger value kept more freed pages resident: a 2-rank sort of 2M rows then peaked at 3.5x

@@ -24,8 +24,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
-from hetflow.frame._arrays import (_raw_width, _single, arrow_of, destination_dtype, from_values,
-                                   plain_values, take_into)
+from hetflow.frame._arrays import (_raw_width, _single, arrow_of, destination_dtype, empty,
+                                   from_values, plain_values, take_into)
 from hetflow.frame._phases import phase
 
 _INT_MAX = 2**31 - 1
@@ -268,7 +268,7 @@ class RowExchange:
         """Every other destination's rows gathered, in destination order, into one buffer."""
         size, rank = self.size, self.rank
         n = sum(self.offsets[d + 1] - self.offsets[d] for d in range(size) if d != rank)
-        send = np.empty(n, values.dtype)
+        send = empty(n, values.dtype)
         pos = 0
         for d in range(size):
             if d != rank:
@@ -288,7 +288,7 @@ class RowExchange:
         recv_rows[self.rank] = 0
         send = self._pack_plain(values)
         _check_large_counts(np.concatenate([send_rows, recv_rows]) * w)
-        out = np.empty(self.num_rows, values.dtype)
+        out = empty(self.num_rows, values.dtype)
         row_displs = _starts(self.recv_rows)
         send_displs = _starts(send_rows)
         req = self.comm.Ialltoallv(
@@ -408,7 +408,7 @@ def fetch_together(requests) -> List[pa.Array]:
             send_counts += _pad8(sent)
             recv_counts += _pad8(got)
         _check_large_counts(np.concatenate([send_counts, recv_counts]))
-        send = np.empty(int(send_counts.sum()), np.uint8)
+        send = empty(int(send_counts.sum()), np.uint8)
         pos = 0
         for d in range(size):
             if d == rank:
@@ -420,13 +420,13 @@ def fetch_together(requests) -> List[pa.Array]:
                 pos += _pad8(nbytes)
         send_displs = _starts(send_counts)
         recv_displs = _starts(recv_counts)
-        recv = np.empty(int(recv_counts.sum()), np.uint8)
+        recv = empty(int(recv_counts.sum()), np.uint8)
     req = comm.Ialltoallv([send, (send_counts, send_displs), MPI.BYTE],
                           [recv, (recv_counts, recv_displs), MPI.BYTE])
     with phase("reassemble"):
         outs, row_displs = [], []
         for ex, _, values in items:
-            out = np.empty(ex.num_rows, values.dtype)
+            out = empty(ex.num_rows, values.dtype)
             displs = _starts(ex.recv_rows)
             own = ex._rows(rank)
             lo = int(displs[rank])
@@ -524,7 +524,7 @@ def _split_by(dest: np.ndarray, parts: int, counts: Optional[np.ndarray] = None)
         # ranks). By slices, every temporary stays in cache and on the heap: whole-array masks
         # and NumPy's int64 row numbers were fresh pages for the kernel to zero, as much as
         # the order itself, on every operation.
-        order = np.empty(len(dest), it)
+        order = empty(len(dest), it)
         fill = [int(o) for o in offsets[:-1]]
         for i in range(0, len(dest), _SCAN_SLICE):
             part = dest[i:i + _SCAN_SLICE]

@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.frame import _localsort
-from hetflow.frame._arrays import _CHUNK, _single, from_values, gather, plain_values, to_numpy
+from hetflow.frame._arrays import (_CHUNK, _single, arange, cast, empty, from_values, gather,
+                                   plain_values, to_numpy)
 
 ARROW_JOIN_TYPE = {"inner": "inner", "left": "left outer", "right": "right outer",
                    "outer": "full outer", "full": "full outer", "semi": "left semi",
@@ -96,8 +97,8 @@ def _expand(row_count: np.ndarray, row_first: np.ndarray, right_order: np.ndarra
     at the narrow index type, made in slices where NumPy would widen it."""
     total = int(row_count.sum(dtype=np.int64))
     it = _index_type(total, len(row_count), len(right_order))
-    left_rows = np.repeat(np.arange(len(row_count), dtype=it), row_count)
-    out_start = np.cumsum(row_count, dtype=it)
+    left_rows = np.repeat(arange(len(row_count), it), row_count)
+    out_start = np.cumsum(row_count, dtype=it, out=empty(len(row_count), it))
     out_start -= row_count.astype(it, copy=False)
     shift = row_first.astype(it, copy=False)
     shift -= out_start  # right position = output position + shift, within a left row's run
@@ -130,9 +131,10 @@ def _match_dense(a: np.ndarray, b: np.ndarray, how: str, stride: int = 1):
     bk = _offsets(b, lo, stride, it)
     bo = _localsort.radix_argsort(bk.view(np.uint32 if it is np.int32 else np.uint64)
                                   ).astype(it, copy=False)
-    ends = np.bincount(bk, minlength=span)
+    # bincount reads intp: the cast made here, into a buffer mapped whole (see _arrays.empty)
+    ends = np.bincount(cast(bk, np.intp) if bk.dtype != np.intp else bk, minlength=span)
     np.cumsum(ends, out=ends)  # ends[k]: right rows with key <= lo + k
-    ends = ends.astype(it)
+    ends = cast(ends, it)
     inside = (a >= a_lo) & (a <= a_hi)
     ak = _offsets(a, lo, stride, it)  # outside the range they may wrap:
     ak[~inside] = 0                   # they are masked here
@@ -166,7 +168,7 @@ def _match_dense(a: np.ndarray, b: np.ndarray, how: str, stride: int = 1):
 def _offsets(x: np.ndarray, lo, stride: int, it) -> np.ndarray:
     """``x // stride - lo`` as index type ``it`` (one pass; by slices of :data:`_CHUNK` rows
     with a ``stride``, so the quotients' temporary stays in cache)."""
-    out = np.empty(len(x), it)
+    out = empty(len(x), it)
     wide = np.uint64 if x.dtype.kind == "u" else np.int64  # narrow types would overflow
     if stride == 1:
         np.subtract(x, lo, out=out, dtype=wide, casting="unsafe")

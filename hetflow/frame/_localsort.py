@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pyarrow as pa
 
-from hetflow.frame._arrays import gather, to_numpy
+from hetflow.frame._arrays import cast, empty, gather, to_numpy
 
 _SIGN = np.uint64(1 << 63)
 
@@ -109,7 +109,7 @@ def _radix_consume(box: list) -> np.ndarray:
     if passes > 2 and n < 1 << 16:
         return np.argsort(key, kind="stable").astype(it)
     if passes <= 2 and key.dtype.itemsize > 4:
-        shifted = np.empty(n, np.uint32)  # subtract straight into 32 bits: no 64-bit temporary
+        shifted = empty(n, np.uint32)  # subtract straight into 32 bits: no 64-bit temporary
         np.subtract(key, lo, out=shifted, casting="unsafe")
     else:
         shifted = key - lo if lo else key  # read only: aliasing the caller's key is fine
@@ -131,7 +131,7 @@ def _radix_consume(box: list) -> np.ndarray:
             digits = None
         step = np.argsort(digit, kind="stable")  # 16-bit keys: NumPy's radix sort, O(n)
         del digit
-        order = step.astype(it) if order is None else gather(order, step)
+        order = cast(step, it) if order is None else gather(order, step)
         del step
     return order
 
@@ -155,7 +155,7 @@ def key_range(values: np.ndarray, descending: bool):
 def narrow(values: np.ndarray, descending: bool, lo) -> np.ndarray:
     """``numeric_key(values) - lo`` as uint32 (the caller knows every key is in [lo, lo + 2**32)):
     half the bytes of the key to move and to sort, in the same order."""
-    out = np.empty(len(values), np.uint32)
+    out = empty(len(values), np.uint32)
     if values.dtype == np.int64 and not descending:
         np.subtract(values, (lo ^ _SIGN).view(np.int64), out=out, casting="unsafe")
     else:
@@ -166,7 +166,8 @@ def narrow(values: np.ndarray, descending: bool, lo) -> np.ndarray:
 def widen(narrowed: np.ndarray, descending: bool, lo, dtype: np.dtype) -> np.ndarray:
     """The values whose :func:`narrow` is ``narrowed`` (the inverse, for :func:`narrow_kinds`)."""
     if dtype == np.int64 and not descending:
-        return np.add(narrowed, (lo ^ _SIGN).view(np.int64), dtype=np.int64)
+        return np.add(narrowed, (lo ^ _SIGN).view(np.int64), dtype=np.int64,
+                      out=empty(len(narrowed), np.int64))
     key = np.add(narrowed, lo, dtype=np.uint64)
     if descending:
         np.invert(key, out=key)

@@ -497,8 +497,9 @@ def _sort_destinations(keys: np.ndarray, bounds: np.ndarray, sr: np.ndarray, sp:
     n = len(keys)
     small = _arrays.destination_dtype(size)
     if size - 1 <= _exchange._SCAN_PARTS:
-        dest = np.zeros(n, small)
-        above = np.empty(n, bool)
+        dest = _arrays.empty(n, small)
+        dest.fill(0)
+        above = _arrays.empty(n, bool)
         at_least = np.zeros(size + 1, np.int64)  # rows sent to rank d or above
         at_least[0] = n
         for j in range(size - 1):
