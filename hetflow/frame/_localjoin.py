@@ -103,7 +103,9 @@ def _expand(row_count: np.ndarray, row_first: np.ndarray, right_order: np.ndarra
     shift = row_first.astype(it, copy=False)
     shift -= out_start  # right position = output position + shift, within a left row's run
     del out_start
-    right_pos = np.repeat(shift, row_count)
+    # each output row's shift, read through its left row: NumPy's repeat copies element by
+    # element (13 ms for 2M rows here), the gather of the (ascending) left rows 2 ms
+    right_pos = gather(shift, left_rows)
     del shift
     for i in range(0, total, _CHUNK):
         right_pos[i:i + _CHUNK] += np.arange(i, min(i + _CHUNK, total), dtype=it)
