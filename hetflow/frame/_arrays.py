@@ -105,8 +105,8 @@ def empty(n: int, dtype) -> np.ndarray:
     glibc maps a buffer of 4 MiB or more (the engine's allocator setting) with a length of its
     size plus a 16-byte header, rounded up to 4 KiB; Linux places a mapping on a 2 MiB
     boundary only when its length is a whole number of 2 MiB. So every such buffer began and
-    ended in partial 2 MiB regions that the kernel faulted in 4 KiB at a time: ~520 faults per
-    buffer whatever its size (~2.5 ms in this VM, as long as gathering 1M rows), as many on a
+    ended in partial 2 MiB regions that the kernel faulted in 4 KiB at a time: ~330-540 faults a
+    buffer whatever its size (~2 ms in this VM, about as long as gathering 1M rows), as many on a
     rank with half the rows, so a cost that grew with the rank count. Asked for 32 bytes short
     of a whole number of 2 MiB, glibc maps exactly that number, on a 2 MiB boundary. A huge
     page over the last, partial 2 MiB is resident whole: where the data fills less than half
