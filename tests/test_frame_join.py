@@ -250,3 +250,49 @@ def test_split_by_groups_rows_stably_by_destination():
         assert np.array_equal(_exchange.destination_counts(dest, parts), counts)
     order, offsets = _exchange.split_by(np.zeros(0, np.uint8), 2)
     assert len(order) == 0 and list(offsets) == [0, 0, 0]
+
+
+def test_wide_integer_keys_match_by_bucket_as_the_sort_merge_does(monkeypatch):
+    """Integer keys over a wide range are matched through a direct-address table of their hash
+    buckets, pairs of different keys in one bucket dropped: the same pairs as the sort-merge
+    match for every join type and integer width, with buckets shared by many keys (a table
+    forced small), and a heavy key handed to the sort-merge instead."""
+    import numpy as np
+    import pyarrow as pa
+
+    from hetflow.frame import _localjoin, _localsort
+
+    def sort_merge(a, b, how):
+        return _localjoin._match_sorted(_localsort.numeric_key(a), _localsort.numeric_key(b),
+                                        how)
+
+    def pairs(found):
+        return sorted(zip(found[0].tolist(), found[1].tolist()))
+
+    hows = ("inner", "left", "right", "outer")
+    rng = np.random.default_rng(7)
+    for dtype in (np.int64, np.uint64, np.int32, np.uint32, np.int16):
+        info = np.iinfo(dtype)
+        for rows in (1, 300, 20_000):
+            keys = rng.integers(info.min, info.max, max(1, rows // 2), dtype=dtype,
+                                endpoint=True)
+            keys[:2] = [info.min, info.max][:len(keys)]
+            a, b = rng.choice(keys, rows), rng.choice(keys, rows + 3)
+            for how in hows:
+                assert pairs(_localjoin.match(pa.array(a), pa.array(b), how)) == \
+                    pairs(sort_merge(a, b, how)), (np.dtype(dtype), rows, how)
+    # 512 buckets for 2,000 right rows: about 6 other keys' rows beside each match
+    buckets = _localjoin._buckets
+    monkeypatch.setattr(_localjoin, "_buckets", lambda x, bits: buckets(x, 9))
+    keys = rng.integers(-2**62, 2**62, 1500)
+    a, b = rng.choice(keys, 3000), rng.choice(keys, 2000)
+    for how in hows:
+        found = _localjoin._match_hashed(a, b, how)
+        assert found is not None and pairs(found) == pairs(sort_merge(a, b, how)), how
+    monkeypatch.undo()
+    # one key on 1,000 rows of each side: a million pairs, beyond the bucket match's limit
+    a = np.concatenate([np.full(1000, 7), rng.integers(-2**62, 2**62, 1000)])
+    b = np.concatenate([np.full(1000, 7), rng.integers(-2**62, 2**62, 1000)])
+    assert _localjoin._match_hashed(a, b, "inner") is None
+    assert pairs(_localjoin.match(pa.array(a), pa.array(b), "inner")) == \
+        pairs(sort_merge(a, b, "inner"))

@@ -1,17 +1,20 @@
 """Local join kernels run after the shuffle.
 
-For the common case (one integer or temporal key without nulls) a vectorized sort-merge join:
-both key columns are ordered with the radix argsort, the matching range of every left key in the
-right side is found with ``searchsorted``, and the output index pairs are expanded with
-``repeat``; Arrow's ``take`` then gathers the columns. On one core this is several times faster
-than Arrow's hash join. Every other case (floats, strings, several keys, nulls in the key) runs
+For the common case (one integer or temporal key without nulls) a vectorized match: the right
+side's rows are ordered by key (the radix argsort) and counted per key in a direct-address
+table over the keys' range (:func:`_match_dense`), or over hash buckets of the keys when their
+range is wide (:func:`_match_hashed`, the pairs of different keys in a bucket then dropped);
+each left row reads its run of right rows there, and the output index pairs are expanded;
+NumPy then gathers the columns. A heavy key sharing its bucket with others goes to a sort-merge
+of both sides (:func:`_match_sorted`). On one core this is several times faster than Arrow's
+hash join. Every other case (floats, strings, several keys, nulls in the key) runs
 Arrow's hash join (``Table.join``). Both give the same rows, columns and names: the left
 columns, then the right non-key columns, colliding names suffixed, keys coalesced under the
 left names; row order is unspecified.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -72,7 +75,68 @@ def match(left_key: pa.Array, right_key: pa.Array, how: str, stride: int = 1):
         span = int(b.max()) // stride - int(b.min()) // stride + 1
         if span <= 4 * (len(a) + len(b)) + 4096:
             return _match_dense(a, b, how, stride)
+        found = _match_hashed(a, b, how)
+        if found is not None:
+            return found
     return _match_sorted(_localsort.numeric_key(a), _localsort.numeric_key(b), how)
+
+
+#: An odd 64-bit multiplier for :func:`_buckets`, not the hashed partition's: the partition
+#: gives a rank the keys whose product with its multiplier has certain top bits, and buckets
+#: taken from those same bits would leave most of the table empty.
+_BUCKET_MULTIPLIER = np.uint64(0xD6E8FEB86659FD93)
+
+
+def _buckets(x: np.ndarray, bits: int) -> np.ndarray:
+    """Each integer key's bucket in ``[0, 2**bits)``: the top ``bits`` bits of its 64-bit
+    value times an odd constant (multiplicative hashing: every bit of the key reaches the top
+    ones), as int32, by slices."""
+    out = empty(len(x), np.int32)
+    shift = np.uint64(64 - bits)
+    for i in range(0, len(x), _CHUNK):
+        part = x[i:i + _CHUNK]
+        wide = part.view(np.uint64) if part.itemsize == 8 else part.astype(np.int64).view(np.uint64)
+        h = wide * _BUCKET_MULTIPLIER
+        h >>= shift
+        out[i:i + _CHUNK] = h
+    return out
+
+
+def _match_hashed(a: np.ndarray, b: np.ndarray, how: str):
+    """Integer keys spread over a wide range: the direct-address match of their buckets (a
+    table of at least twice the right side's rows), then the candidate pairs whose keys differ
+    (other keys in the same bucket, about one for every two left rows) dropped. 2.4x faster
+    than sorting both sides by their 64-bit keys (2M x 2M random int64 keys: 143 ms against
+    345). None where the buckets would make more than 4 pairs per input row (a heavy key that
+    shares its bucket with others): the sort-merge match then does it."""
+    bits = min(max((2 * len(b) - 1).bit_length(), 12), 31)
+    pairs = _match_dense(_buckets(a, bits), _buckets(b, bits), "inner",
+                         limit=4 * (len(a) + len(b)))
+    if pairs is None:
+        return None
+    li, ri = pairs
+    same = empty(len(li), bool)
+    for i in range(0, len(li), _CHUNK):
+        np.equal(gather(a, li[i:i + _CHUNK]), gather(b, ri[i:i + _CHUNK]),
+                 out=same[i:i + _CHUNK])
+    li, ri = li[same], ri[same]
+    del same
+    parts_l, parts_r = [li], [ri]
+    if how in ("left", "outer", "full"):
+        seen = np.zeros(len(a), bool)
+        seen[li] = True
+        lonely = np.flatnonzero(~seen).astype(li.dtype)
+        parts_l.append(lonely)
+        parts_r.append(np.full(len(lonely), -1, ri.dtype))
+    if how in ("right", "outer", "full"):
+        seen = np.zeros(len(b), bool)
+        seen[ri] = True
+        lonely = np.flatnonzero(~seen).astype(ri.dtype)
+        parts_l.append(np.full(len(lonely), -1, li.dtype))
+        parts_r.append(lonely)
+    if len(parts_l) == 1:
+        return li, ri
+    return np.concatenate(parts_l), np.concatenate(parts_r)
 
 
 def _runs(sorted_keys: np.ndarray):
@@ -113,12 +177,14 @@ def _expand(row_count: np.ndarray, row_first: np.ndarray, right_order: np.ndarra
     return left_rows, right_rows
 
 
-def _match_dense(a: np.ndarray, b: np.ndarray, how: str, stride: int = 1):
+def _match_dense(a: np.ndarray, b: np.ndarray, how: str, stride: int = 1,
+                 limit: Optional[int] = None):
     """Keys in a dense range (the common case for integer ids): a direct-address table over
     the right keys' range (of quotients by ``stride``, see :func:`match`) replaces sorting the
     left side and binary search. ``a`` and ``b`` are integer arrays of one dtype; only
     differences from the right's minimum are formed, so any integer type works without a
-    widening copy."""
+    widening copy. ``limit``: None instead of more pairs than that (counted before any is
+    made)."""
     if stride == 1:
         lo, hi = b.min(), b.max()
         a_lo, a_hi = lo, hi
@@ -146,6 +212,8 @@ def _match_dense(a: np.ndarray, b: np.ndarray, how: str, stride: int = 1):
     row_count -= row_first
     row_count[~inside] = 0
     del ends
+    if limit is not None and int(row_count.sum(dtype=np.int64)) > limit:
+        return None
     if how in ("right", "outer", "full"):
         seen = np.zeros(span, bool)
         seen[ak[inside]] = True
