@@ -469,7 +469,9 @@ def _splitters(comm, values: np.ndarray, descending: bool):
     keys = np.concatenate([every[r, 4:4 + c] for r, c in enumerate(counts)]).view(np.uint64)
     ranks = np.repeat(np.arange(size, dtype=np.int64), counts)
     positions = np.concatenate([every[r, 4 + cap:4 + cap + c] for r, c in enumerate(counts)])
-    g = np.lexsort((positions, ranks, keys))
+    # by (key, rank, position): the samples lie in rank order, each rank's by position (its
+    # strata ascend), so a stable sort by key alone gives that order (a third of lexsort's time)
+    g = np.argsort(keys, kind="stable")
     if not len(g):  # no rows anywhere
         none = np.zeros(size - 1, np.int64)
         return none.view(np.uint64), none, none, None, None
