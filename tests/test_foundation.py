@@ -37,6 +37,10 @@ def bad_input(comm, log):
     if comm.Get_rank() == 0:
         with open(log, "a") as fh:
             fh.write("attempt\n")
+    # Every rank raises once the attempt is logged: a task fails with its first rank that
+    # raises (the pool delivers that at once; its peers may be stuck in a collective), and
+    # rank 1 raising at once could fail the task before rank 0 had written its line.
+    comm.Barrier()
     raise hetflow.InputError("column 'key' is missing")
 
 
