@@ -11,6 +11,8 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
+from hetflow.frame._backend import MMAP_THRESHOLD
+
 
 def _raw_width(t: pa.DataType) -> Optional[int]:
     """Byte width of a fixed-width primitive type (not bit-packed booleans), else None: such a
@@ -94,7 +96,6 @@ def destination_dtype(parts: int) -> type:
 
 #: Large buffers are mapped whole 2 MiB pages at a time (see :func:`empty`).
 _HUGE_PAGE = 2 << 20
-_ALIGN_FROM = 4 << 20        # glibc maps buffers from this size (_backend.MMAP_THRESHOLD)
 _GLIBC_MMAP_SLACK = 32       # a request this far below a page multiple maps exactly that multiple
 
 
@@ -114,7 +115,7 @@ def empty(n: int, dtype) -> np.ndarray:
     1 MiB more than its data and takes at most ~256 small faults."""
     dtype = np.dtype(dtype)
     nbytes = n * dtype.itemsize
-    if nbytes < _ALIGN_FROM:
+    if nbytes < MMAP_THRESHOLD:   # from the heap: glibc maps buffers from this size
         return np.empty(n, dtype)
     whole = -(-(nbytes + _GLIBC_MMAP_SLACK) // _HUGE_PAGE) * _HUGE_PAGE
     buf = np.empty(whole - _GLIBC_MMAP_SLACK, np.uint8)

@@ -121,21 +121,36 @@ def _match_hashed(a: np.ndarray, b: np.ndarray, how: str):
                  out=same[i:i + _CHUNK])
     li, ri = li[same], ri[same]
     del same
-    parts_l, parts_r = [li], [ri]
-    if how in ("left", "outer", "full"):
-        seen = np.zeros(len(a), bool)
-        seen[li] = True
-        lonely = np.flatnonzero(~seen).astype(li.dtype)
-        parts_l.append(lonely)
-        parts_r.append(np.full(len(lonely), -1, ri.dtype))
-    if how in ("right", "outer", "full"):
-        seen = np.zeros(len(b), bool)
-        seen[ri] = True
-        lonely = np.flatnonzero(~seen).astype(ri.dtype)
-        parts_l.append(np.full(len(lonely), -1, li.dtype))
-        parts_r.append(lonely)
+    return _with_unmatched(li, ri,
+                           _unmatched(len(a), li) if how in _KEEPS_LEFT else None,
+                           _unmatched(len(b), ri) if how in _KEEPS_RIGHT else None)
+
+
+#: The joins whose output keeps a side's rows that matched nothing.
+_KEEPS_LEFT, _KEEPS_RIGHT = ("left", "outer", "full"), ("right", "outer", "full")
+
+
+def _unmatched(n: int, matched: np.ndarray) -> np.ndarray:
+    """The rows of ``range(n)`` not in ``matched``."""
+    seen = np.zeros(n, bool)
+    seen[matched] = True
+    return np.flatnonzero(~seen)
+
+
+def _with_unmatched(left_rows: np.ndarray, right_rows: np.ndarray,
+                    left_lonely: Optional[np.ndarray] = None,
+                    right_lonely: Optional[np.ndarray] = None):
+    """The matched pairs, then each side's rows that matched nothing (None: not kept), paired
+    with -1, all at the matched pairs' index types."""
+    parts_l, parts_r = [left_rows], [right_rows]
+    if left_lonely is not None:
+        parts_l.append(left_lonely.astype(left_rows.dtype, copy=False))
+        parts_r.append(np.full(len(left_lonely), -1, right_rows.dtype))
+    if right_lonely is not None:
+        parts_l.append(np.full(len(right_lonely), -1, left_rows.dtype))
+        parts_r.append(right_lonely.astype(right_rows.dtype, copy=False))
     if len(parts_l) == 1:
-        return li, ri
+        return left_rows, right_rows
     return np.concatenate(parts_l), np.concatenate(parts_r)
 
 
@@ -214,7 +229,8 @@ def _match_dense(a: np.ndarray, b: np.ndarray, how: str, stride: int = 1,
     del ends
     if limit is not None and int(row_count.sum(dtype=np.int64)) > limit:
         return None
-    if how in ("right", "outer", "full"):
+    right_lonely = None
+    if how in _KEEPS_RIGHT:
         seen = np.zeros(span, bool)
         seen[ak[inside]] = True
         right_lonely = np.flatnonzero(~seen[bk]).astype(it)
@@ -222,17 +238,9 @@ def _match_dense(a: np.ndarray, b: np.ndarray, how: str, stride: int = 1,
     del ak, bk, inside
     left_rows, right_rows = _expand(row_count, row_first, bo)
     del row_first, bo
-    parts_l, parts_r = [left_rows], [right_rows]
-    if how in ("left", "outer", "full"):
-        lonely = np.flatnonzero(row_count == 0).astype(left_rows.dtype)
-        parts_l.append(lonely)
-        parts_r.append(np.full(len(lonely), -1, right_rows.dtype))
-    if how in ("right", "outer", "full"):
-        parts_l.append(np.full(len(right_lonely), -1, left_rows.dtype))
-        parts_r.append(right_lonely.astype(right_rows.dtype, copy=False))
-    if len(parts_l) == 1:
-        return left_rows, right_rows
-    return np.concatenate(parts_l), np.concatenate(parts_r)
+    return _with_unmatched(left_rows, right_rows,
+                           np.flatnonzero(row_count == 0) if how in _KEEPS_LEFT else None,
+                           right_lonely)
 
 
 def _offsets(x: np.ndarray, lo, stride: int, it) -> np.ndarray:
@@ -272,22 +280,15 @@ def _match_sorted(a: np.ndarray, b: np.ndarray, how: str):
     out_start = np.cumsum(row_count) - row_count
     within = np.arange(total, dtype=np.int64) - np.repeat(out_start, row_count)
     right_rows = bo[np.repeat(row_bstart, row_count) + within]
-    parts_l, parts_r = [left_rows], [right_rows]
-    if how in ("left", "outer", "full"):
-        lonely = ao[row_count == 0]
-        parts_l.append(lonely)
-        parts_r.append(np.full(len(lonely), -1, np.int64))
-    if how in ("right", "outer", "full"):
+    right_lonely = None
+    if how in _KEEPS_RIGHT:
         # right keys with no left match
         posb = np.searchsorted(ua, ub)
         posb_c = np.minimum(posb, max(len(ua) - 1, 0))
         hitb = (posb < len(ua)) & (ua[posb_c] == ub) if len(ua) else np.zeros(len(ub), bool)
-        lonely = bo[np.repeat(~hitb, b_len)]
-        parts_l.append(np.full(len(lonely), -1, np.int64))
-        parts_r.append(lonely)
-    if len(parts_l) == 1:
-        return left_rows, right_rows
-    return np.concatenate(parts_l), np.concatenate(parts_r)
+        right_lonely = bo[np.repeat(~hitb, b_len)]
+    return _with_unmatched(left_rows, right_rows,
+                           ao[row_count == 0] if how in _KEEPS_LEFT else None, right_lonely)
 
 
 def take(arr, idx: np.ndarray, may_miss: bool) -> pa.Array:
