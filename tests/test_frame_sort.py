@@ -28,6 +28,11 @@ if MODE != "batched":
         _ops.BATCH_BYTES = -1
     if MODE == "searched":
         _exchange._SCAN_PARTS = 0
+    if MODE in ("searched", "mixed"):
+        # as many splitter samples as a rank has rows (every rank alike: the samples' gather
+        # has one size everywhere), ordered by the radix argsort as large sample sets are
+        _ops.ROWS_PER_SAMPLE, _ops.RADIX_SAMPLES = 1, 0
+EVERY_ROW_SAMPLED = MODE in ("searched", "mixed")
 
 def check(label, make, by, ascending=True, balance_bound=None):
     global checked
@@ -91,6 +96,13 @@ check("skew strings", lambda r: pa.table({"s": ["same"] * 900 + ["x%d" % i for i
 check("uniform balance", lambda r: random_part(5, r, rows=4000, key_range=10**9, null_rate=0),
       "k", balance_bound=bound)
 check("all ranks empty", lambda r: random_part(0, r, empty_ranks=range(size)), "k")
+if EVERY_ROW_SAMPLED:
+    # every row a sample (the ranks hold as many rows as the average one): the splitters are
+    # the exact quantiles (ties placed by origin), no rank holds more than an even share
+    exact = lambda total: math.ceil(total / size)
+    check("exact balance", lambda r: random_part(6, r, rows=3000, key_range=10**6,
+                                                 null_rate=0), "k", balance_bound=exact)
+    check("exact balance, heavy skew", skewed, "k", balance_bound=exact)
 
 def extremes(typ, low, high, n=300):
     # key columns of every width, the type's extremes included, rank 1 empty
@@ -135,5 +147,16 @@ def test_sort_matches_polars(ranks, mode):
     run = run_mpi(SCRIPT, ranks, timeout=240, args=[mode])
     reports = run.values(ranks)
     assert "Warning" not in run.stderr, run.stderr
-    assert reports[0]["checked"] == 3 * 11 + 5 + 2 * 9
+    assert reports[0]["checked"] == 3 * 11 + 5 + 2 * 9 + (2 if mode in ("searched", "mixed") else 0)
     assert reports[0]["failures"] == [], "\n".join(reports[0]["failures"][:10])
+
+
+def test_larger_partitions_take_more_splitter_samples_within_a_bound():
+    from hetflow.frame._ops import _samples_per_rank
+    assert _samples_per_rank(2, 200_000) == 1024          # the weak experiment: as before
+    assert _samples_per_rank(2, 4_000_000) == 7812        # 2M rows per rank: one per 256
+    assert _samples_per_rank(1024, 10**12) == 256         # all samples of all ranks: 2**18
+    for size in (2, 3, 64, 256, 4096):
+        for rows in (0, 10**5, 10**7, 10**12):
+            s = _samples_per_rank(size, rows)
+            assert s >= 256 and (s <= 1024 or s * size <= 1 << 18), (size, rows, s)
