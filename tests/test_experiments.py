@@ -235,3 +235,18 @@ def test_engine_scaling_bench_times_cylon_beside_hetflow(tmp_path):
     for op in ("join", "sort"):
         for r in "12":
             assert len({n for o, k, _, n in rows if (o, k) == (op, r)}) == 1, run.stdout
+
+
+def test_contention_experiment_reports_what_each_rank_got(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "hetflow.experiments.contention", "--executors",
+                          "mpirun,pool", "--rows", "2000", "--repeats", "3"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    # executor, rank, join ms, thread cpu share, preempted/s, others' cores, paused
+    rows = re.findall(r"^(mpirun|pool)\s+([01])\s+([0-9.]+)\s+([0-9.]+)\s+([0-9]+)\s+([0-9.]+)"
+                      r"\s+([0-9]+)$", run.stdout, re.M)
+    assert sorted((e, r) for e, r, *_ in rows) == [("mpirun", "0"), ("mpirun", "1"),
+                                                   ("pool", "0"), ("pool", "1")], run.stdout
+    for _, _, ms, share, _, others, paused in rows:
+        assert float(ms) > 0 and 0 < float(share) <= 1.05 and float(others) <= 2 * os.cpu_count()
+        assert paused == "0"   # only the radical task pauses anything, and only when asked
