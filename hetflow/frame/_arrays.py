@@ -6,12 +6,13 @@ resident memory and about a second per process), and NumPy casts int32 index arr
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Optional
 
 import numpy as np
 import pyarrow as pa
 
-from hetflow.frame._backend import MMAP_THRESHOLD
+from hetflow.frame._backend import MMAP_THRESHOLD, libc_function
 
 
 def _raw_width(t: pa.DataType) -> Optional[int]:
@@ -131,23 +132,9 @@ _GLIBC_HEADER = 16          # where glibc's mapped chunk puts the data: past its
 _MADV_NOHUGEPAGE = 15
 
 
-def _libc_madvise():
-    """glibc's madvise (None elsewhere: the tail then stays as the kernel chooses)."""
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
-    return fn
-
-
-_madvise = _libc_madvise()
+#: The C library's madvise (None elsewhere: the tail then stays as the kernel chooses).
+_madvise = libc_function("madvise", ctypes.c_int,
+                         [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int])
 
 
 def cast(values: np.ndarray, dtype) -> np.ndarray:

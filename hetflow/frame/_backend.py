@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 from typing import Optional
 
 import numpy as np
@@ -168,7 +169,7 @@ TRIM_THRESHOLD = 4 << 20
 #: took a 2-rank sort of 2M rows from 2.8x to 3.3x).
 SMALL_BYTES = 16 << 20
 HEAP_PAD = 8 << 20
-_libc = None        # glibc, once _tune_allocators has tuned it
+_mallopt = None     # glibc's mallopt, once _tune_allocators has tuned the allocator
 _pad_now = 0        # the M_TOP_PAD last set
 
 
@@ -189,21 +190,17 @@ def _tune_allocators() -> None:
     previous setting, sent every buffer of more than 16k rows to mmap).
     """
     import ctypes
-    import ctypes.util
 
     import pyarrow as pa
 
-    global _libc
-    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            libc.mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD (glibc); fixed, no dynamic raise
-            if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
-                libc.mallopt(-1, TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
-            if "MALLOC_TOP_PAD_" not in os.environ:
-                _libc = libc                  # heap_pad_for sets M_TOP_PAD per operation
-        except (OSError, AttributeError):  # not glibc: leave the allocator alone
-            pass
+    global _mallopt
+    mallopt = libc_function("mallopt", ctypes.c_int, [ctypes.c_int, ctypes.c_int])
+    if mallopt is not None and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD (glibc); fixed, no dynamic raise
+        if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+            mallopt(-1, TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
+        if "MALLOC_TOP_PAD_" not in os.environ:
+            _mallopt = mallopt           # heap_pad_for sets M_TOP_PAD per operation
     if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
         try:
             pa.set_memory_pool(pa.system_memory_pool())
@@ -211,14 +208,30 @@ def _tune_allocators() -> None:
             pass
 
 
+def libc_function(name: str, restype, argtypes):
+    """The C library's function ``name`` with its signature (ctypes types), or None where
+    there is none to call (not Linux, or no such symbol): the caller then goes without."""
+    import ctypes
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (OSError, AttributeError):
+        return None
+    fn.restype = restype
+    fn.argtypes = argtypes
+    return fn
+
+
 def heap_pad_for(nbytes: int) -> None:
     """Before an operation on ``nbytes`` of partitions: the heap pad it should run with
     (:data:`HEAP_PAD` below :data:`SMALL_BYTES`, else none); a no-op unless the allocators
     were tuned (see :func:`_tune_allocators`)."""
     global _pad_now
-    if _libc is None:
+    if _mallopt is None:
         return
     want = HEAP_PAD if nbytes < SMALL_BYTES else 0
     if want != _pad_now:
-        _libc.mallopt(-2, want)               # M_TOP_PAD
+        _mallopt(-2, want)                    # M_TOP_PAD
         _pad_now = want

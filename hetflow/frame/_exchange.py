@@ -17,7 +17,6 @@ exchange more than 2 GiB with a peer (MPICH >= 4.0).
 from __future__ import annotations
 
 import ctypes
-import sys
 import time
 from typing import List, Optional, Sequence
 
@@ -26,6 +25,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 from hetflow.frame._arrays import (_raw_width, _single, arrow_of, destination_dtype, empty,
                                    from_values, plain_values, take_into)
+from hetflow.frame._backend import libc_function
 from hetflow.frame._phases import phase
 
 _INT_MAX = 2**31 - 1
@@ -124,17 +124,9 @@ _prctl = None
 def _set_timer_slack(ns: int) -> Optional[int]:
     """Set this thread's timer slack (Linux prctl); the previous value, or None if unsupported."""
     global _prctl
-    if _prctl is None:
-        _prctl = False
-        if sys.platform.startswith("linux"):
-            try:
-                fn = ctypes.CDLL(None, use_errno=True).prctl
-                fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                               ctypes.c_ulong]
-                _prctl = fn
-            except (OSError, AttributeError):  # no C library symbols to call: sleep as is
-                pass
+    if _prctl is None:  # looked up once; False where there is none (then sleep as is)
+        _prctl = libc_function("prctl", ctypes.c_int,
+                               [ctypes.c_int] + [ctypes.c_ulong] * 4) or False
     if not _prctl:
         return None
     old = _prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)

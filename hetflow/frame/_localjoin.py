@@ -322,8 +322,8 @@ def assemble(lschema: pa.Schema, rschema: pa.Schema, lkey: str, rkey: str, li: n
     of the left's (key coalesced from both sides for a full outer join), then the right's
     non-key columns; names on both sides get ``suffixes``.
     """
-    left_misses = how in ("right", "outer", "full")
-    right_misses = how in ("left", "outer", "full")
+    left_misses = how in _KEEPS_RIGHT   # left cells of the right side's unmatched rows
+    right_misses = how in _KEEPS_LEFT
     if how == "right":
         plan = [("L", c) for c in lschema.names if c != lkey] + [("R", c) for c in rschema.names]
         clash = {c for s, c in plan if s == "L"} & (set(rschema.names) - {rkey})
