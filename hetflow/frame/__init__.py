@@ -20,6 +20,7 @@ from hetflow.frame._exchange import barrier
 from hetflow.frame._io import read_csv, read_parquet, to_parquet
 from hetflow.frame._groupby import GroupBy
 from hetflow.frame._join import join
+from hetflow.frame._position import concat, head, rebalance, slice_rows, tail
 from hetflow.frame._shuffle import shuffle
 from hetflow.frame._sort import sort
 from hetflow.frame._table import DistributedTable, from_local, generate
@@ -31,10 +32,19 @@ def gather(table: DistributedTable, root: int = 0):
     return table.gather(root)
 
 
+def repartition(table: DistributedTable, on, **kw) -> DistributedTable:
+    """``table.repartition(on)``: hash-partition by the ``on`` columns (as :func:`shuffle`)."""
+    return shuffle(table, on, **kw)
+
+
+slice = slice_rows  # frame.slice(t, start, stop), as t.slice(start, stop)
+
+
 def groupby(table: DistributedTable, by) -> GroupBy:
     """``table.groupby(by)``: finish with ``.agg({column: function})``."""
     return table.groupby(by)
 
 
-__all__ = ["DistributedTable", "GroupBy", "barrier", "from_local", "gather", "generate", "groupby", "join",
-           "read_csv", "read_parquet", "set_backend", "shuffle", "sort", "to_parquet", "unique"]
+__all__ = ["DistributedTable", "GroupBy", "barrier", "concat", "from_local", "gather", "generate",
+           "groupby", "head", "join", "read_csv", "read_parquet", "rebalance", "repartition",
+           "set_backend", "shuffle", "slice", "sort", "tail", "to_parquet", "unique"]

@@ -84,6 +84,32 @@ class DistributedTable:
         from hetflow.frame._unique import unique
         return unique(self, subset, **kw)
 
+    def head(self, n: int = 5) -> "DistributedTable":
+        """The first ``n`` rows of the global order (rank order); no data moves."""
+        from hetflow.frame._position import head
+        return head(self, n)
+
+    def tail(self, n: int = 5) -> "DistributedTable":
+        """The last ``n`` rows of the global order; no data moves."""
+        from hetflow.frame._position import tail
+        return tail(self, n)
+
+    def slice(self, start: Optional[int] = None, stop: Optional[int] = None
+              ) -> "DistributedTable":
+        """Rows ``start:stop`` of the global order (Python slice semantics); no data moves."""
+        from hetflow.frame._position import slice_rows
+        return slice_rows(self, start, stop)
+
+    def rebalance(self, rows: Optional[Sequence[int]] = None) -> "DistributedTable":
+        """Equal rows per rank (to within one; or ``rows[r]`` on rank r), global order kept."""
+        from hetflow.frame._position import rebalance
+        return rebalance(self, rows)
+
+    def repartition(self, on, **kw) -> "DistributedTable":
+        """Hash-partition by the ``on`` columns (the same as :meth:`shuffle`)."""
+        from hetflow.frame._shuffle import shuffle
+        return shuffle(self, on, **kw)
+
     def gather(self, root: int = 0) -> Optional[pa.Table]:
         """All partitions concatenated in rank order on ``root`` (collective); None elsewhere."""
         from hetflow.frame import _check, _exchange

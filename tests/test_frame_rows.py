@@ -1,0 +1,104 @@
+"""Row-level distributed operations == polars on the concatenated input (mpiexec -n 1, 2, 3):
+rebalance, head/tail/slice, concat, repartition, set operations, describe."""
+import pytest
+
+from mpiutil import run_mpi
+
+SCRIPT = r"""
+import pyarrow as pa
+import polars as pl
+from mpi4py import MPI
+from hetflow import frame
+from frame_cases import random_part, same_rows
+import mpiutil
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+failures, checked = [], 0
+
+def fail(label, problem):
+    failures.append(f"{label}: {problem}")
+
+def in_order(label, got, exp):
+    # the gathered table, row for row and in order, against polars' answer
+    global checked
+    if rank == 0:
+        exp = exp.to_arrow() if isinstance(exp, pl.DataFrame) else exp
+        if got.to_pylist() != exp.to_pylist():
+            fail(label, f"got {got.num_rows} rows, expected {exp.num_rows}: "
+                        f"{got.to_pylist()[:3]} vs {exp.to_pylist()[:3]}")
+        checked += 1
+
+def as_set(label, got, exp):
+    global checked
+    if rank == 0:
+        problem = same_rows(got, exp.to_arrow() if isinstance(exp, pl.DataFrame) else exp)
+        if problem:
+            fail(label, problem)
+        checked += 1
+
+# the cases: random sizes with nulls and string keys; one rank holding most rows (skew);
+# empty partitions (the last rank's, or all)
+CASES = [dict(seed=1, extra=True),
+         dict(seed=2, extra=True, rows=None, empty_ranks=(size - 1,)),
+         dict(seed=3, extra=True, key_range=4),
+         dict(seed=4, extra=True, empty_ranks=range(size))]
+
+def skewed(r, seed):
+    return random_part(seed=seed, rank=r, extra=True, rows=150 if r == 0 else 3, key_range=5)
+
+def case_parts(i, c):
+    make = (lambda r: skewed(r, 9)) if i == 2 else (lambda r: random_part(rank=r, **c))
+    return make
+
+for i, c in enumerate(CASES):
+    make = case_parts(i, c)
+    t = frame.from_local(comm, make(rank))
+    W = pl.from_arrow(pa.concat_tables([make(r) for r in range(size)]))
+    total = W.height
+    # rebalance: same rows, same order, equal shares to within one
+    b = t.rebalance()
+    shares = comm.allgather(b.local_rows)
+    if max(shares) - min(shares) > 1 or sum(shares) != total:
+        fail(f"rebalance case {i}", f"shares {shares} of {total}")
+    in_order(f"rebalance case {i}", b.gather(), W)
+    wanted = [total] + [0] * (size - 1) if i % 2 else [0] * (size - 1) + [total]
+    b = t.rebalance(rows=wanted)
+    if comm.allgather(b.local_rows) != wanted:
+        fail(f"rebalance rows= case {i}", comm.allgather(b.local_rows))
+    in_order(f"rebalance rows= case {i}", b.gather(), W)
+    # head / tail / slice by global position, Python's and polars' semantics
+    for n in (0, 3, 17, -4, 10**6):
+        in_order(f"head({n}) case {i}", t.head(n).gather(), W.head(n))
+        in_order(f"tail({n}) case {i}", t.tail(n).gather(), W.tail(n))
+    for a, z in ((2, 19), (-10, None), (None, -3), (7, 2), (None, None), (40, 10**6)):
+        exp = pa.Table.from_pylist(W.to_arrow().to_pylist()[a:z], schema=W.to_arrow().schema)
+        in_order(f"slice({a}, {z}) case {i}", t.slice(a, z).gather(), exp)
+    # concat: the tables one after another, order kept, spread evenly
+    other = lambda r: random_part(seed=50 + i, rank=r, extra=True, empty_ranks=(0,))
+    u = frame.from_local(comm, other(rank))
+    U = pl.from_arrow(pa.concat_tables([other(r) for r in range(size)]))
+    cat = frame.concat([t, u, t])
+    shares = comm.allgather(cat.local_rows)
+    if max(shares) - min(shares) > 1:
+        fail(f"concat case {i}", f"shares {shares}")
+    in_order(f"concat case {i}", cat.gather(), pl.concat([W, U, W]))
+    # repartition(on): every row kept, equal keys on one rank
+    rp = t.repartition(["s", "k"])
+    mine = set(zip(rp.local.column("s").to_pylist(), rp.local.column("k").to_pylist()))
+    everyone = comm.allgather(mine)
+    if any(everyone[p] & everyone[q] for p in range(size) for q in range(p + 1, size)):
+        fail(f"repartition case {i}", "a key on two ranks")
+    as_set(f"repartition case {i}", rp.gather(), W)
+
+mpiutil.report({"failures": failures, "checked": checked})
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_row_operations_match_polars(ranks):
+    run = run_mpi(SCRIPT, ranks, timeout=240)
+    reports = run.values(ranks)
+    assert "Warning" not in run.stderr, run.stderr
+    assert reports[0]["failures"] == [], "\n".join(reports[0]["failures"][:10])
+    assert reports[0]["checked"] == 4 * (2 + 10 + 6 + 1 + 1)
