@@ -91,6 +91,30 @@ for i, c in enumerate(CASES):
         fail(f"repartition case {i}", "a key on two ranks")
     as_set(f"repartition case {i}", rp.gather(), W)
 
+    # set operations on whole rows (nulls equal), against polars on the whole tables; the
+    # right side shares rows with the left (its first half) and brings its own
+    right = lambda r: pa.concat_tables([make((r + 1) % size).slice(0, 10),
+                                        random_part(seed=70 + i, rank=r, extra=True, key_range=4)])
+    rt = frame.from_local(comm, right(rank))
+    R = pl.from_arrow(pa.concat_tables([right(r) for r in range(size)]))
+    as_set(f"union case {i}", t.union(rt).gather(), pl.concat([W, R]).unique())
+    as_set(f"intersect case {i}", frame.intersect(t, rt).gather(),
+           W.unique().join(R, on=W.columns, how="semi", nulls_equal=True))
+    as_set(f"difference case {i}", t.difference(rt).gather(),
+           W.unique().join(R, on=W.columns, how="anti", nulls_equal=True))
+    # describe: every numeric column, exact percentiles (polars' "nearest")
+    got = t.describe(percentiles=(0.1, 0.25, 0.5, 0.75, 0.9))
+    exp = W.select("k", "f", "v").describe(percentiles=(0.1, 0.25, 0.5, 0.75, 0.9)).to_arrow()
+    def close(a, b):
+        return (a is None) == (b is None) and (a is None or abs(a - b) <= 1e-9 * max(1, abs(b)))
+    same = (got.column_names == exp.column_names
+            and got.column(0).to_pylist() == exp.column(0).to_pylist()
+            and all(close(a, b) for c in exp.column_names[1:]
+                    for a, b in zip(got.column(c).to_pylist(), exp.column(c).to_pylist())))
+    if not same:
+        fail(f"describe case {i} rank {rank}", f"{got.to_pydict()} vs {exp.to_pydict()}")
+    checked += rank == 0
+
 mpiutil.report({"failures": failures, "checked": checked})
 """
 
@@ -100,5 +124,6 @@ def test_row_operations_match_polars(ranks):
     run = run_mpi(SCRIPT, ranks, timeout=240)
     reports = run.values(ranks)
     assert "Warning" not in run.stderr, run.stderr
-    assert reports[0]["failures"] == [], "\n".join(reports[0]["failures"][:10])
-    assert reports[0]["checked"] == 4 * (2 + 10 + 6 + 1 + 1)
+    for r in reports:   # describe is checked on every rank (each holds the whole summary)
+        assert r["failures"] == [], "\n".join(r["failures"][:10])
+    assert reports[0]["checked"] == 4 * (2 + 10 + 6 + 1 + 1 + 3 + 1)

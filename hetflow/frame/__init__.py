@@ -16,11 +16,15 @@ Bad input (unknown columns, mismatched key types, ranks whose schemas disagree) 
 :class:`~hetflow.errors.InputError` subclass on every rank, before any data moves.
 """
 from hetflow.frame._backend import set_backend
+from hetflow.frame._describe import describe
 from hetflow.frame._exchange import barrier
-from hetflow.frame._io import read_csv, read_parquet, to_parquet
 from hetflow.frame._groupby import GroupBy
+from hetflow.frame._io import read_csv, read_parquet, to_parquet
 from hetflow.frame._join import join
+from hetflow.frame._local import (cast, drop, fill_null, filter_rows, from_pandas, rename, select,
+                                  to_pandas, to_polars, with_columns)
 from hetflow.frame._position import concat, head, rebalance, slice_rows, tail
+from hetflow.frame._setops import difference, intersect, union
 from hetflow.frame._shuffle import shuffle
 from hetflow.frame._sort import sort
 from hetflow.frame._table import DistributedTable, from_local, generate
@@ -37,7 +41,9 @@ def repartition(table: DistributedTable, on, **kw) -> DistributedTable:
     return shuffle(table, on, **kw)
 
 
-slice = slice_rows  # frame.slice(t, start, stop), as t.slice(start, stop)
+# frame.slice(t, start, stop) and frame.filter(t, predicate), as the methods are named
+slice = slice_rows
+filter = filter_rows
 
 
 def groupby(table: DistributedTable, by) -> GroupBy:
@@ -45,6 +51,8 @@ def groupby(table: DistributedTable, by) -> GroupBy:
     return table.groupby(by)
 
 
-__all__ = ["DistributedTable", "GroupBy", "barrier", "concat", "from_local", "gather", "generate",
-           "groupby", "head", "join", "read_csv", "read_parquet", "rebalance", "repartition",
-           "set_backend", "shuffle", "slice", "sort", "tail", "to_parquet", "unique"]
+__all__ = ["DistributedTable", "GroupBy", "barrier", "cast", "concat", "describe", "difference",
+           "drop", "fill_null", "filter", "from_local", "from_pandas", "gather", "generate",
+           "groupby", "head", "intersect", "join", "read_csv", "read_parquet", "rebalance",
+           "rename", "repartition", "select", "set_backend", "shuffle", "slice", "sort", "tail",
+           "to_pandas", "to_parquet", "to_polars", "union", "unique", "with_columns"]

@@ -145,7 +145,7 @@ def concat(tables: Sequence[DistributedTable]) -> DistributedTable:
     if isinstance(tables, DistributedTable) or not isinstance(tables, (list, tuple)) or \
             not tables:
         raise ConfigError(f"concat: expected a non-empty list of DistributedTables, got "
-                          f"{tables!r}")
+                          f"{type(tables).__name__}")
     tables = [require_table(t, f"concat: tables[{i}]") for i, t in enumerate(tables)]
     comm = tables[0].comm
     for t in tables[1:]:
