@@ -12,6 +12,10 @@ operations are collective and move rows between ranks as Arrow IPC streams throu
     ordered = frame.sort(left, "key")                # rank i's rows <= rank i+1's
     table = ordered.gather()                         # pyarrow.Table on rank 0, None elsewhere
 
+Also: set operations (``union``, ``intersect``, ``difference``), rows by global position
+(``head``, ``tail``, ``slice``, ``rebalance``, ``concat``), ``describe``, and row-wise
+operations on each partition (``filter``, ``select``, ``with_columns``, ``cast``, ...).
+
 Bad input (unknown columns, mismatched key types, ranks whose schemas disagree) raises the same
 :class:`~hetflow.errors.InputError` subclass on every rank, before any data moves.
 """
