@@ -15,6 +15,7 @@ operations are collective and move rows between ranks as Arrow IPC streams throu
 Bad input (unknown columns, mismatched key types, ranks whose schemas disagree) raises the same
 :class:`~hetflow.errors.InputError` subclass on every rank, before any data moves.
 """
+from hetflow.frame._aggregate import Agg
 from hetflow.frame._backend import set_backend
 from hetflow.frame._exchange import barrier
 from hetflow.frame._io import read_csv, read_parquet, to_parquet
@@ -32,5 +33,5 @@ def groupby(table: DistributedTable, by) -> GroupBy:
     return table.groupby(by)
 
 
-__all__ = ["DistributedTable", "GroupBy", "barrier", "from_local", "gather", "generate", "groupby", "join",
+__all__ = ["Agg", "DistributedTable", "GroupBy", "barrier", "from_local", "gather", "generate", "groupby", "join",
            "read_csv", "read_parquet", "set_backend", "shuffle", "sort", "to_parquet", "unique"]

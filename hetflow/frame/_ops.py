@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
-from hetflow.frame import _arrays, _backend, _check, _exchange, _hash, _localjoin, _localsort
+from hetflow.frame import (_aggregate, _arrays, _backend, _check, _exchange, _hash, _localjoin,
+                           _localsort)
 from hetflow.frame._exchange import MPI
 from hetflow.frame._phases import phase
 from hetflow.frame._table import DistributedTable
@@ -626,73 +627,42 @@ def _sort_indices(table: pa.Table, names: List[str], asc: List[bool]) -> pa.Arra
 
 
 # -- groupby / unique -------------------------------------------------------------------------
-_AGGS = ("sum", "count", "mean", "min", "max")
-
-
 class GroupBy:
-    """``table.groupby(by).agg({...})``: a distributed group-by with a local pre-aggregation."""
+    """``table.groupby(by).agg({...})``: a distributed group-by (see :mod:`._aggregate`)."""
 
     def __init__(self, table: DistributedTable, by):
         self.table = _require_table(table, "groupby: table")
         self.by = _check.key_names(by, "groupby")
 
-    def agg(self, spec: Dict[str, Union[str, Sequence[str]]], *,
+    def agg(self, spec: Dict[str, Union[str, "_aggregate.Agg", Sequence]], *,
             backend: Optional[str] = None) -> DistributedTable:
-        """Aggregate ``{column: "sum"|"count"|"mean"|"min"|"max" or a list of them}``.
+        """Aggregate ``{column: function or a list of them}``; a function is a name or a
+        :class:`~hetflow.frame.Agg` (for parameters): ``sum``, ``count``, ``mean``, ``min``,
+        ``max``, ``size``, ``first``, ``last``, ``var``/``std`` (``ddof=1``), ``median``,
+        ``quantile`` (``q``; ``interpolation="nearest"``, polars' default), ``nunique``,
+        ``nlargest``/``nsmallest`` (``n``).
 
-        Result columns: the group keys, then ``column`` (one function) or ``column_function``
-        (several). ``count`` counts non-null values; ``sum``/``min``/``max``/``mean`` skip nulls
-        and give null for a group with no non-null value (SQL semantics; pandas' sum gives 0).
+        Result columns: the group keys, then ``column`` (one function) or
+        ``column_<function>`` (several). A null key is a group of its own. ``count`` counts
+        non-null values, ``size`` rows; ``sum``/``min``/``max``/``mean`` skip nulls and give
+        null for a group with no non-null value (SQL semantics; pandas' and polars' sum give
+        0). See docs/engine.md for each one's semantics and how it is distributed.
         """
         t = self.table
-        if not isinstance(spec, dict) or not spec:
-            raise ConfigError(f"groupby.agg: expected a non-empty dict column -> function, "
-                              f"got {spec!r}")
-        plan = []
-        for col, funcs in spec.items():
-            funcs = [funcs] if isinstance(funcs, str) else list(funcs)
-            for f in funcs:
-                if f not in _AGGS:
-                    raise ConfigError(f"groupby.agg: unknown function {f!r} for column {col!r}; "
-                                      f"expected one of {_AGGS}")
-            for f in funcs:
-                plan.append((col, f, col if len(funcs) == 1 else f"{col}_{f}"))
+        planned = _aggregate.plan(spec)
         schema = t.local.schema
         _check.agree(t.comm, [schema])
         _check.check_columns(schema, self.by, "groupby")
-        _check.check_columns(schema, [c for c, _, _ in plan], "groupby.agg")
+        _check.check_columns(schema, [p.column for p in planned], "groupby.agg")
+        _aggregate.check_types(schema, planned)
         if _backend.requested_name(backend) == "pycylon":
             from hetflow.frame import _pycylon
-            return _pycylon.groupby_agg(t, self.by, plan)
+            return _pycylon.groupby_agg(t, self.by, planned)
         be = _backend.resolve(backend)
         _backend.heap_pad_for(t.local.nbytes)
-        # Pre-aggregate locally (sum/count/min/max partials; mean as sum and count) so only
-        # one row per group and rank crosses the network.
-        partial_aggs, partial_names = [], []
-        source = t.local.select(self.by)
-        for i, (col, f, _) in enumerate(plan):
-            for pf in (("sum", "count") if f == "mean" else (f,)):
-                alias = f"__p{i}_{pf}"
-                source = source.append_column(alias, t.local.column(col))
-                partial_aggs.append((alias, pf))
-                partial_names.append(alias)
-        local = _group(source, self.by, partial_aggs)
-        del source
-        shuffled = _shuffle_local(t.comm, local, self.by, be)
-        final_aggs = [(name, "max" if name.endswith("_max") else
-                       "min" if name.endswith("_min") else "sum") for name in partial_names]
-        merged = _group(shuffled, self.by, final_aggs)
-        columns, out_names = [merged.column(k) for k in self.by], list(self.by)
-        for i, (_col, f, out_name) in enumerate(plan):
-            if f == "mean":
-                s = merged.column(f"__p{i}_sum").cast(pa.float64())
-                c = merged.column(f"__p{i}_count")
-                c = pc.if_else(pc.equal(c, 0), pa.scalar(None, c.type), c)
-                columns.append(pc.divide(s, c.cast(pa.float64())))
-            else:
-                columns.append(merged.column(f"__p{i}_{f}"))
-            out_names.append(out_name)
-        out = pa.Table.from_arrays(columns, names=out_names)
+        out = _aggregate.aggregate(
+            t.comm, t.local, self.by, planned,
+            lambda table, keys: _shuffle_local(t.comm, table, keys, be))
         return DistributedTable(t.comm, out, backend=be if t.comm.Get_size() > 1 else "cpu")
 
 
