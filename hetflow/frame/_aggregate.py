@@ -565,6 +565,13 @@ def _whole_groups(source: pa.Table, by: List[str], planned: Sequence[Planned]) -
     return _result(source, by, g, finish(local(columns, g, planned), planned), planned)
 
 
+def result_schema(schema: pa.Schema, by: List[str], planned: Sequence[Planned]) -> pa.Schema:
+    """The schema of the group-by's result: the kernels' own, on an empty partition."""
+    empty = schema.empty_table()
+    return _whole_groups(empty.select(list(dict.fromkeys(list(by) + [p.column for p in planned]))),
+                         by, planned).schema
+
+
 def _result(source: pa.Table, by: List[str], g: Groups, results: List[pa.Array],
             planned: Sequence[Planned]) -> pa.Table:
     keys = source.select(list(by)).take(_arrays.arrow_of(g.first))
