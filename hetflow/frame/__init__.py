@@ -19,8 +19,12 @@ from hetflow.frame._aggregate import Agg
 from hetflow.frame._backend import set_backend
 from hetflow.frame._exchange import barrier
 from hetflow.frame._io import read_csv, read_parquet, to_parquet
-from hetflow.frame._ops import GroupBy, join, shuffle, sort, unique
+from hetflow.frame._groupby import GroupBy
+from hetflow.frame._join import join
+from hetflow.frame._shuffle import shuffle
+from hetflow.frame._sort import sort
 from hetflow.frame._table import DistributedTable, from_local, generate
+from hetflow.frame._unique import unique
 
 
 def gather(table: DistributedTable, root: int = 0):
@@ -33,5 +37,6 @@ def groupby(table: DistributedTable, by) -> GroupBy:
     return table.groupby(by)
 
 
-__all__ = ["Agg", "DistributedTable", "GroupBy", "barrier", "from_local", "gather", "generate", "groupby", "join",
-           "read_csv", "read_parquet", "set_backend", "shuffle", "sort", "to_parquet", "unique"]
+__all__ = ["Agg", "DistributedTable", "GroupBy", "barrier", "from_local", "gather", "generate",
+           "groupby", "join", "read_csv", "read_parquet", "set_backend", "shuffle", "sort",
+           "to_parquet", "unique"]

@@ -1,24 +1,14 @@
-"""Group-by aggregation: which aggregations there are, what each keeps per group on a rank, and
-how those partial results combine exactly across ranks.
-
-Two ways to distribute, chosen per call from the aggregations asked for:
-
-* **partial** (every aggregation combines exactly): each rank reduces its rows to one row per
-  group (:func:`local`), those rows are shuffled by the group keys, and each rank merges the
-  rows of its groups (:func:`combine`) and finishes them (:func:`finish`). Only one row per
-  group and rank crosses the network.
-* **values** (any of :data:`HOLISTIC`: median, quantile, nunique): no partial result combines
-  exactly, so the rows themselves (keys and the aggregated columns) are shuffled by the group
-  keys, and each rank aggregates the whole of its groups with the same local kernel.
+"""Group-by aggregation kernels: which aggregations there are, what each keeps per group on
+a rank (:func:`local`), how those partial results merge exactly (:func:`combine`) and how a
+result is read from them (:func:`finish`). How they distribute: :mod:`hetflow.frame._groupby`.
 
 Groups are numbered by :func:`group_ids` (dense, in order of first appearance), and every
 kernel works on those numbers; the group keys are the rows where each group first appears.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -412,7 +402,7 @@ def _nunique(g: Groups, col: pa.Array) -> pa.Array:
     return _int64(np.bincount(g.ids[pairs.first], minlength=g.count))
 
 
-def _part_names(p: Planned) -> List[str]:
+def part_names(p: Planned) -> List[str]:
     """The partial columns an aggregation keeps per group and rank."""
     return {"mean": ["sum", "count"], "var": ["n", "mean", "m2"],
             "std": ["n", "mean", "m2"]}.get(p.name, ["value"])
@@ -509,71 +499,3 @@ def finish(parts: List[List[pa.Array]], planned: Sequence[Planned]) -> List[pa.A
         else:
             out.append(cols[0])
     return out
-
-
-# -- the whole group-by on one rank ----------------------------------------------------------
-def _private(names: Sequence[str], stem: str) -> str:
-    while stem in names:
-        stem += "_"
-    return stem
-
-
-def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
-              shuffle: Callable[[pa.Table, List[str]], pa.Table]) -> pa.Table:
-    """This rank's part of the group-by (collective when ``comm`` has several ranks):
-    ``shuffle(table, keys)`` moves rows so that equal keys meet on one rank."""
-    values = list(dict.fromkeys(p.column for p in planned if p.column not in by))
-    source = table.select(list(by) + values)
-    if comm.Get_size() > 1 and holistic(planned):
-        source = shuffle(source, list(by))          # the values of each group meet
-        return _whole_groups(source, by, planned)
-    if comm.Get_size() == 1:
-        return _whole_groups(source, by, planned)
-    stem = _private(by, "__hetflow_part")
-    names = [f"{stem}{i}_{j}" for i, p in enumerate(planned) for j in _part_names(p)]
-    partial = _partials(source, by, planned, names)
-    # the partials' types as an empty partition gives them, the same on every rank (the
-    # exchange reads each rank's columns as the agreed types)
-    partial = partial.cast(_partials(source.slice(0, 0), by, planned, names).schema)
-    del source
-    merged = shuffle(partial, list(by))             # one row per group and source rank
-    del partial
-    g = group_ids([merged.column(k) for k in by])
-    flat = [_arrays._single(merged.column(n)) for n in names]
-    parts, i = [], 0
-    for p in planned:
-        k = len(_part_names(p))
-        parts.append(flat[i:i + k])
-        i += k
-    return _result(merged, by, g, finish(combine(parts, g, planned), planned), planned)
-
-
-def _partials(source: pa.Table, by: List[str], planned: Sequence[Planned],
-              names: List[str]) -> pa.Table:
-    """One row per group of ``source``: its keys, then every aggregation's partial columns."""
-    g = group_ids([source.column(k) for k in by])
-    columns = {n: _arrays._single(source.column(n)) for n in source.column_names}
-    parts = local(columns, g, planned)
-    keys = source.select(list(by)).take(_arrays.arrow_of(g.first))
-    return pa.Table.from_arrays([_arrays._single(keys.column(k)) for k in by]
-                                + [c for cols in parts for c in cols], names=list(by) + names)
-
-
-def _whole_groups(source: pa.Table, by: List[str], planned: Sequence[Planned]) -> pa.Table:
-    g = group_ids([source.column(k) for k in by])
-    columns = {n: _arrays._single(source.column(n)) for n in source.column_names}
-    return _result(source, by, g, finish(local(columns, g, planned), planned), planned)
-
-
-def result_schema(schema: pa.Schema, by: List[str], planned: Sequence[Planned]) -> pa.Schema:
-    """The schema of the group-by's result: the kernels' own, on an empty partition."""
-    empty = schema.empty_table()
-    return _whole_groups(empty.select(list(dict.fromkeys(list(by) + [p.column for p in planned]))),
-                         by, planned).schema
-
-
-def _result(source: pa.Table, by: List[str], g: Groups, results: List[pa.Array],
-            planned: Sequence[Planned]) -> pa.Table:
-    keys = source.select(list(by)).take(_arrays.arrow_of(g.first))
-    return pa.Table.from_arrays([_arrays._single(keys.column(k)) for k in by] + results,
-                                names=list(by) + [p.out for p in planned])

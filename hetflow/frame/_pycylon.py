@@ -60,9 +60,25 @@ _CYLON_WRONG = {
 }
 
 
-def _ops():
-    from hetflow.frame import _ops  # imported late: _ops imports this module lazily too
-    return _ops
+# The CPU engine's modules are imported late: each of them imports this module lazily too.
+def _groupby():
+    from hetflow.frame import _groupby
+    return _groupby
+
+
+def _unique_cpu(table: DistributedTable, names: List[str]) -> DistributedTable:
+    from hetflow.frame._unique import unique
+    return unique(table, names, backend="cpu")
+
+
+def _sort_cpu(table: DistributedTable, names: List[str], asc: List[bool]) -> DistributedTable:
+    from hetflow.frame._sort import sort
+    return sort(table, names, asc, backend="cpu")
+
+
+def _shuffle_cpu(table: DistributedTable, names: List[str]) -> DistributedTable:
+    from hetflow.frame._shuffle import shuffle
+    return shuffle(table, names, backend="cpu")
 
 
 # -- checks every rank agrees on ---------------------------------------------------------------
@@ -240,8 +256,9 @@ def join(left: DistributedTable, right: DistributedTable, lk: List[str], rk: Lis
     comm = left.comm
 
     def on_cpu():
-        return _ops().join(left, right, how=how, left_on=lk, right_on=rk,
-                           suffixes=tuple(suffixes), backend="cpu")
+        from hetflow.frame._join import join as cpu_join
+        return cpu_join(left, right, how=how, left_on=lk, right_on=rk,
+                        suffixes=tuple(suffixes), backend="cpu")
 
     if how not in _JOIN_HOW:
         return _on_cpu(f"{how} join", "pycylon has no semi or anti join (JoinConfig knows inner, "
@@ -266,12 +283,12 @@ def join(left: DistributedTable, right: DistributedTable, lk: List[str], rk: Lis
                            "compares keys with == (NaN never matches NaN) while the CPU engine's "
                            "Arrow join matches NaN keys; use backend='cpu' or drop the NaN rows")
     from hetflow.frame import _localjoin
-    ops = _ops()
+    from hetflow.frame._join import canonical_zero
     # the CPU engine's exact output schema: its local kernel on empty inputs
     schema = _localjoin.join(left.local.slice(0, 0), right.local.slice(0, 0), lk, rk, how,
                              tuple(suffixes)).schema
-    L = ops._canonical_zero(left.local, lk)
-    R = ops._canonical_zero(right.local, rk)
+    L = canonical_zero(left.local, lk)
+    R = canonical_zero(right.local, rk)
     l_ok = L.filter(pc.invert(_null_key_mask(L, lk))) if L.num_rows else L
     r_ok = R.filter(pc.invert(_null_key_mask(R, rk))) if R.num_rows else R
     li = [L.schema.get_field_index(n) for n in lk]
@@ -322,7 +339,7 @@ def sort(table: DistributedTable, names: List[str], asc: List[bool]) -> Distribu
     unsplittable = _unsplittable(comm, table.local.schema)
     if unsplittable:
         return _on_cpu("sort", _no_splitter("sort", unsplittable),
-                       lambda: _ops().sort(table, names, asc, backend="cpu"))
+                       lambda: _sort_cpu(table, names, asc))
     counts = _counts(comm, [(table.local, names)])
     bad = [n for n, (nulls, nans) in zip(names, counts) if nulls or nans]
     if bad:
@@ -356,7 +373,7 @@ def groupby_agg(table: DistributedTable, by: List[str], planned: Sequence) -> Di
         spec.setdefault(p.column, []).append(p.source)
 
     def on_cpu():
-        return _ops().GroupBy(table, by).agg(spec, backend="cpu")
+        return _groupby().GroupBy(table, by).agg(spec, backend="cpu")
 
     for p in planned:
         if p.name not in _AGG:
@@ -389,9 +406,8 @@ def groupby_agg(table: DistributedTable, by: List[str], planned: Sequence) -> Di
                            "holds nulls; Cylon's kernels give an all-null group 0 or the "
                            "kernel's start value where the CPU engine gives null; use "
                            "backend='cpu'")
-    from hetflow.frame import _aggregate
     # the CPU engine's exact result schema: its own kernels on an empty partition
-    out_schema = _aggregate.result_schema(schema, by, planned)
+    out_schema = _groupby().result_schema(schema, by, planned)
     # What Cylon is asked for, per column in first-use order (its output's order): the plan's
     # functions, except the mean of an integer column, which Cylon returns truncated to an
     # integer; it is asked for that column's sum and count, and divided here.
@@ -480,7 +496,7 @@ def unique(table: DistributedTable, names: List[str]) -> DistributedTable:
     if strings:
         return _on_cpu("unique", f"column {', '.join(map(repr, strings))}: "
                        f"{_CYLON_WRONG['string keys']}",
-                       lambda: _ops().unique(table, names, backend="cpu"))
+                       lambda: _unique_cpu(table, names))
     counts = _counts(comm, [(table.local, schema.names)])
     bad = [n for n, (nulls, nans) in zip(schema.names, counts) if nulls or nans]
     if bad:
@@ -503,4 +519,4 @@ def shuffle(table: DistributedTable, names: List[str]) -> DistributedTable:
     hash, so its partitions would not line up with tables the CPU engine shuffles or joins."""
     return _on_cpu("shuffle", "pycylon's shuffle uses Cylon's own hash, so its partitions would "
                    "not be co-partitioned with the CPU engine's",
-                   lambda: _ops().shuffle(table, names, backend="cpu"))
+                   lambda: _shuffle_cpu(table, names))
