@@ -10,9 +10,11 @@ agrees on, so all ranks take the same way and none is left in a collective:
   ``CylonEnv`` built on a private duplicate of the table's communicator; the answer comes back
   with ``to_arrow()`` and is reshaped to exactly the CPU engine's columns, names and types.
 * pycylon has no such operation (semi/anti join; a shuffle co-partitioned with the CPU
-  engine's), or gets it wrong (``_CYLON_WRONG``: left, right and outer joins; string and binary
-  keys of a join, group-by or unique on more than one rank): the CPU engine runs it, the
-  result's ``backend`` is ``"cpu"``, and a warning on the ``hetflow.frame`` logger says why.
+  engine's; the group-by functions of ``_NO_CYLON_AGG``), gets it wrong (``_CYLON_WRONG``:
+  left, right and outer joins; string and binary keys of a join, group-by or unique on more
+  than one rank), or cannot split a column of the table between ranks (a join or sort with a
+  bool or large_string column, ``_cylon_split_type``): the CPU engine runs it, the result's
+  ``backend`` is ``"cpu"``, and a warning on the ``hetflow.frame`` logger says why.
   This does not need pycylon to be installed.
 * pycylon has the operation but its semantics differ from the CPU engine's in a way the adapter
   cannot convert (NaN keys, null sort keys, null aggregated values, unique over a subset):
