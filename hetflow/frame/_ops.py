@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
-from hetflow.frame import _arrays, _backend, _check, _exchange, _hash, _localjoin, _localsort
+from hetflow.frame import (_arrays, _backend, _broadcast, _check, _exchange, _hash, _localjoin,
+                           _localsort)
 from hetflow.frame._exchange import MPI
 from hetflow.frame._phases import phase
 from hetflow.frame._table import DistributedTable
@@ -106,6 +107,7 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
     in_check = counts is not None and comm.Get_size() <= _hash.MODULAR_MAX_PARTS
     facts = _check.agree(comm, [left.local.schema, right.local.schema], what=("left", "right"),
                          facts=[int(_small(left.local, right.local))] + key_nulls +
+                         [int(left.local.nbytes), int(right.local.nbytes)] +
                          ([int(c) for c in counts] if in_check else []))
     _check.check_columns(left.local.schema, lk, "join", "left table")
     _check.check_columns(right.local.schema, rk, "join", "right table")
@@ -119,10 +121,14 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
         return _pycylon.join(left, right, lk, rk, how, suffixes)
     be = _backend.resolve(backend)
     _backend.heap_pad_for(left.local.nbytes + right.local.nbytes)
+    if _broadcast.chosen(how, [f[3] for f in facts], [f[4] for f in facts]):
+        out = _broadcast.join(comm, _canonical_zero(left.local, lk),
+                              _canonical_zero(right.local, rk), lk, rk, how, tuple(suffixes))
+        return DistributedTable(comm, out, backend=be)
     no_null_keys = not any(f[1] + f[2] for f in facts)
     if no_null_keys and _localjoin.fast_key_ok(left.local.schema, right.local.schema, lk, rk, how):
         if counts is not None and not _modular_agreed(
-                comm, [f[3:] for f in facts] if in_check else counts):
+                comm, [f[5:] for f in facts] if in_check else counts):
             residues = None
         out = _join_streamed(comm, left.local, right.local, lk[0], rk[0], how, tuple(suffixes),
                              be, residues, batched=all(f[0] for f in facts))
