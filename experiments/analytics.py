@@ -272,7 +272,12 @@ def hetflow_task(comm, rows: int, repeats: int, out_dir: str, queries: Sequence[
     from hetflow import frame
     from hetflow.frame import barrier
 
+    from hetflow.frame import _backend
+
     rank, size = comm.Get_rank(), comm.Get_size()
+    # the engine's thread and allocator settings before the data is built (its first
+    # operation would make them), so the partition lives where the queries' buffers will
+    _backend.configure_threads(comm)
     t0 = time.perf_counter()
     big = facts(rows, *_span(rows, rank, size))
     gen_s = time.perf_counter() - t0

@@ -345,14 +345,17 @@ def _analytics(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
                     f"**{ratio:.2f}**" if ratio is not None and ratio > 1 else
                     (f"{ratio:.2f}" if ratio is not None else "–"),
                     fmt(median(mine, "peak_rss_mb")), fmt(median(mine, "partition_mb")),
-                    fmt(median(mine, "peak_over_partition"))]
+                    fmt(median(mine, "peak_over_partition")),
+                    fmt(median([{"d": r["peak_rss_mb"] - r["rss_before_mb"]} for r in mine
+                                if "rss_before_mb" in r], "d"))]
                     + [fmt(median(theirs[p], "peak_rss_mb")) for p in peers]
                     + [f"{mine[0].get('rows_out', 0):,}", equal])
             lines += [f"{rows_n:,} rows, hetflow at {ranks} ranks through `{executor}` against "
                       f"{', '.join(peers)} on {ranks} threads each:", ""]
             lines += _table(["Query", f"hetflow {ranks} ranks (s)"] + [f"{p} (s)" for p in peers]
                             + ["hetflow / faster peer", "hetflow peak RSS per rank (MiB)",
-                               "partition per rank (MiB)", "peak / partition"]
+                               "partition per rank (MiB)", "peak / partition",
+                               "hetflow peak above its resident set before (MiB)"]
                             + [f"{p} peak RSS (MiB)" for p in peers] + ["Rows out", "Equal"], body)
             if ratios:
                 lines += [f"hetflow / faster peer: {min(ratios):.2f}–{max(ratios):.2f} over "
@@ -361,8 +364,9 @@ def _analytics(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     lines += ["Times: median over the run's repeats of each query (hetflow: `barrier; t0; query; "
               "barrier; t1`; peers: the query materialised as a table), data already in memory. "
               "Peak RSS: the process's peak resident set during the query's first run (reset "
-              "before it), the input included; partition: the rank's part of the big table plus "
-              "its part of the query's right-hand table. Equal: group-by results compared with the "
+              "before it), the input included; partition: the rank's part of the big table (all "
+              "its columns) plus its part of the query's right-hand table; peak above: the "
+              "query's own memory, the peak less the resident set just before the query. Equal: group-by results compared with the "
               "first peer's after sorting by the keys (floats to a relative 1e-9), join results by "
               "an order-independent digest of every row.", ""]
     return lines, []
