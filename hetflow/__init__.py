@@ -20,7 +20,8 @@ if not _os.path.isdir(_os.path.join(__path__[0], "executors")) and _os.path.isfi
 
 _ERRORS = ("BackendUnavailable", "ConfigError", "ExecutorBroken", "HetflowError", "InputError",
            "KeyColumnError", "LaunchError", "NotSupported", "ResourcesUnavailable",
-           "SchemaMismatch", "TableHandoffError", "TaskCancelled", "TaskFailed", "TaskLost", "WalltimeExceeded")
+           "SchemaMismatch", "TableHandoffError", "TaskCancelled", "TaskFailed", "TaskLost",
+           "WalltimeExceeded")
 
 #: Submodules that ``import hetflow`` used to import eagerly: ``hetflow.errors.X`` keeps working.
 _SUBMODULES = ("errors", "spec")
