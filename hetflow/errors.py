@@ -27,6 +27,10 @@ class InputError(HetflowError, ValueError):
     """
 
 
+class TableHandoffError(InputError):
+    """A ``frame.DistributedTable`` a task returned cannot be handed over (or read back)."""
+
+
 class NotSupported(HetflowError, NotImplementedError):
     """The runtime cannot do what was asked; the message names the feature."""
 

@@ -213,6 +213,50 @@ def test_cancel_running_task(runtime_name, executor):
         assert time.time() - start < 45
 
 
+# ----------------------------------------------------------------------------- tables handed over
+@hetflow.mpi_app(ranks=2)
+def make_table(comm, rows):
+    from hetflow import frame
+
+    return frame.generate(comm, rows, seed=7)
+
+
+@hetflow.mpi_app(ranks=3, returns="all")
+def local_parts(comm, table):
+    assert table.comm.Get_size() == comm.Get_size()
+    return table.local, table.num_rows()
+
+
+def test_returned_table_is_handed_whole_to_a_3_rank_task_and_the_client(runtime_name,
+                                                                         executor):
+    import pyarrow as pa
+
+    from hetflow.frame._table import synthetic_partition
+
+    whole = pa.concat_tables([synthetic_partition(r, 2, 500, seed=7) for r in range(2)])
+    handle = make_table(500).result()
+    assert isinstance(handle, hetflow.TableHandle)
+    assert handle.ranks == 2 and handle.rows == (500, 500)
+    parts = local_parts(handle).result()                 # re-partitioned over 3 ranks
+    assert [n for _, n in parts] == [1000] * 3
+    assert [t.num_rows for t, _ in parts] == [333, 333, 334]
+    assert pa.concat_tables([t for t, _ in parts]).equals(whole)   # rows, values and order
+    same = local_parts.options(ranks=2)(handle).result()          # kept as it was
+    assert [t.equals(synthetic_partition(r, 2, 500, seed=7)) for r, (t, _) in enumerate(same)] \
+        == [True, True]
+    assert handle.to_arrow().equals(whole)
+    tables_dir = os.path.join(executor.run_root, "tables")
+    if runtime_name == "pool":
+        assert handle.pool == executor.uid and not handle.paths
+        assert not os.path.exists(tables_dir)            # kept in the ranks: no file written
+        from hetflow.resident import release
+
+        release(handle)
+    else:
+        assert all(p.startswith(tables_dir + os.sep) for p in handle.paths)
+        assert {os.stat(p).st_mode & 0o777 for p in handle.paths} == {0o600}
+
+
 def test_more_ranks_than_the_runtime_has(runtime_name, executor):
     too_many = executor.max_ranks + 1
     with pytest.raises(hetflow.ResourcesUnavailable):
