@@ -56,12 +56,16 @@ class TaskPayload:
     unpickling the payload never imports the spec module (a dataclass).
     """
 
-    def __init__(self, task_id: int, func: Callable, args: tuple, kwargs: dict, resources):
+    def __init__(self, task_id: int, func: Callable, args: tuple, kwargs: dict, resources,
+                 files: tuple | None = None):
         self.task_id = task_id
         self.func = func
         self.args = args
         self.kwargs = kwargs
         self._resources = resources
+        #: ``(dir, capture_output, client_pid, client_host)``: where the ranks leave their
+        #: output and stacks (see ``_rankio``), or None for no capture at all.
+        self.files = files
 
     @property
     def resources(self):
@@ -78,7 +82,8 @@ class TaskPayload:
             import dataclasses
 
             resources = dataclasses.asdict(resources)
-        return (TaskPayload, (self.task_id, self.func, self.args, self.kwargs, resources))
+        return (TaskPayload, (self.task_id, self.func, self.args, self.kwargs, resources,
+                              self.files))
 
     def __repr__(self) -> str:
         return (f"TaskPayload(task_id={self.task_id!r}, func={self.func!r}, args={self.args!r}, "
@@ -183,25 +188,26 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
         payload: TaskPayload = pickle.loads(payload_bytes)
     except Exception as exc:  # e.g. the function's module is not importable on this rank
         return _error_outcome(rank, exc, started, time.time(), "could not unpickle the task: ")
-    arrive(comm)
-    user_comm = comm.Dup()
-    own_umask = user_umask()
-    try:
-        started = time.time()
-        with task_comm(user_comm):
-            value = payload.func(*payload.args, **payload.kwargs)
-        finished = time.time()
-    except BaseException as exc:  # SystemExit on a rank is a task failure too
-        outcome = _error_outcome(rank, exc, started, time.time())
-        if keep_exception:
-            outcome.original = exc
-        return outcome
-    finally:
-        os.umask(own_umask)
+    with _capture(payload.files, rank):
+        arrive(comm)
+        user_comm = comm.Dup()
+        own_umask = user_umask()
         try:
-            user_comm.Free()
-        except Exception:
-            pass
+            started = time.time()
+            with task_comm(user_comm):
+                value = payload.func(*payload.args, **payload.kwargs)
+            finished = time.time()
+        except BaseException as exc:  # SystemExit on a rank is a task failure too
+            outcome = _error_outcome(rank, exc, started, time.time())
+            if keep_exception:
+                outcome.original = exc
+            return outcome
+        finally:
+            os.umask(own_umask)
+            try:
+                user_comm.Free()
+            except Exception:
+                pass
     try:
         value_bytes = dumps(value)
     except Exception as exc:
@@ -209,6 +215,27 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
     return RankOutcome(rank=rank, host=_host(), pid=os.getpid(), ok=True,
                        value=value_bytes, started=started, finished=finished)
 
+
+
+class _NoCapture:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def _capture(files, rank: int):
+    """The rank's output and stack capture (see ``_rankio``); none in the client's own
+    process (the debug runtime: its output is already on the client's console)."""
+    if not files:
+        return _NoCapture()
+    directory, output, client_pid, client_host = files
+    if client_pid == os.getpid() and client_host == _host():
+        return _NoCapture()
+    from hetflow.executors._rankio import Capture
+
+    return Capture(directory, rank, output)
 
 
 #: How a rank waits for its peers before a task starts (:func:`arrive`): this many polls,

@@ -146,6 +146,20 @@ def walltime_exceeded(task_id, executor: str, walltime, detail: str = "") -> Wal
                             f"and was stopped{detail}", walltime=walltime, task_id=task_id)
 
 
+def with_stacks(error: BaseException, state: str, stacks: dict) -> BaseException:
+    """``error`` (a task stopped while running) with ``state`` (which ranks had returned,
+    which still ran) and ``stacks`` (``{rank: Python stack}``, taken as it was stopped) in its
+    message; ``error.stacks`` keeps them."""
+    text = error.args[0] if error.args else str(error)
+    if state:
+        text += f"; {state}"
+    for rank, stack in sorted(stacks.items()):
+        text += f"\n\nPython stack of rank {rank} when the task was stopped:\n{stack.rstrip()}"
+    error.args = (text,) + tuple(error.args[1:])
+    error.stacks = dict(stacks)
+    return error
+
+
 def cancelled(task_id, executor: str, running: bool) -> TaskCancelled:
     """The task was cancelled, while it waited or while it ran."""
     return TaskCancelled(f"task {task_id} ({executor}) was cancelled "
