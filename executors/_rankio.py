@@ -63,6 +63,7 @@ class Capture:
         self._stack = None
         self._saved: tuple = ()
         self._buffered: list = []
+        self._swapped: list = []
 
     def __enter__(self) -> "Capture":
         try:
@@ -91,9 +92,15 @@ class Capture:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-        for stream in (sys.stdout, sys.stderr):
-            if stream is not None and hasattr(stream, "reconfigure") \
-                    and not getattr(stream, "line_buffering", True):
+        for name, number in (("stdout", 1), ("stderr", 2)):
+            stream = getattr(sys, name)
+            if _fileno(stream) != number:
+                # A host that swapped the stream for its own (RAPTOR's workers do): this
+                # task's prints go to the file descriptor all the same.
+                self._swapped.append((name, stream))
+                setattr(sys, name, open(number, "w", buffering=1, encoding="utf-8",
+                                        errors="backslashreplace", closefd=False))
+            elif hasattr(stream, "reconfigure") and not getattr(stream, "line_buffering", True):
                 try:
                     stream.reconfigure(line_buffering=True)
                     self._buffered.append(stream)
@@ -114,6 +121,10 @@ class Capture:
                 except (ValueError, OSError):
                     pass
             self._buffered = []
+            for name, stream in self._swapped:
+                getattr(sys, name).close()
+                setattr(sys, name, stream)
+            self._swapped = []
         if self._stack is not None:
             try:
                 faulthandler.unregister(STACK_SIGNAL)
@@ -130,6 +141,13 @@ class Capture:
         if self._stack is not None:
             self._stack.close()
             self._stack = None
+
+
+def _fileno(stream) -> int:
+    try:
+        return stream.fileno()
+    except (AttributeError, ValueError, OSError):
+        return -1
 
 
 def _flush() -> None:
