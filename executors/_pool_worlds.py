@@ -19,8 +19,8 @@ from hetflow.errors import LaunchError
 from hetflow.executors import _pool_wire as wire
 from hetflow.executors._pool_faults import rank_death
 from hetflow.executors.allocation import srun_prefix
-from hetflow.executors.launch import (ended, forget_recorded_shm, kill_tree, launcher_env,
-                                      launcher_flavour, with_malloc_thp)
+from hetflow.executors._forensics import ended, forget_recorded_shm, kill_tree
+from hetflow.executors.launch import launcher_env, launcher_flavour, with_malloc_thp
 from hetflow.executors.taskdir import PRIVATE_UMASK, TaskDir, private_dir
 from hetflow.executors.watch import EVIDENCE_GRACE_S
 

@@ -9,8 +9,8 @@ stops work, through these hooks:
 ``_start(task)``            required. Run ``task`` on ``task.slots`` (rank slots the
                             queue gave it); called on the kernel's dispatch thread,
                             so hand long work to a thread or an event loop. When the
-                            task ends, call :meth:`Executor._complete` with the ranks'
-                            outcomes (or :meth:`Executor._finish` with a value or error).
+                            task ends, call :meth:`Executor.complete` with the ranks'
+                            outcomes (or :meth:`Executor.finish` with a value or error).
 ``_stop(task, error)``      required. Stop the running task's processes now. ``error``
                             (walltime, cancel, shutdown) is the task's verdict and
                             wins over what the runtime later reports; None means a
@@ -21,6 +21,24 @@ stops work, through these hooks:
 ``_admit(task, args, kwargs)``  optional. Runtime-specific checks at submit time.
 ``_head_blocked(task)``     optional. The queue's first task could not start on the
                             slots there are (a runtime that can reshape them may act).
+``_make_scheduler(max_bypass)``, ``_slots_needed(resources)``  optional. The runtime's
+                            own placement (a :class:`SlotScheduler`) and slot count.
+
+What a runtime may call on the kernel (nothing else: the kernel's ``_`` names are its
+own, and may change):
+
+``complete(task, outcomes, **evidence)``  deliver the task from its ranks' outcomes.
+``finish(task, value, error, release=)``  deliver a value or an error; free its slots.
+``launched(task, at=None)`` the task's processes started (``reports_launch`` runtimes).
+``release(slots)``          free slots a ``release=False`` delivery kept.
+``requeue(*tasks, release=)``  queue running tasks again, first.
+``dequeue(task)``           take a queued task out of the queue (True if it was there).
+``placement(wake=)``        a context holding the queue's lock, giving the runtime's
+                            scheduler to read or reshape (add, remove, hold slots).
+``live_tasks()``            the tasks not yet delivered, queued or running.
+``fail_all(error_for)``     fail every task, queued or running, with ``error_for(task)``.
+``call_later(s, fn)``       run ``fn`` on the kernel's timer thread in ``s`` seconds.
+``stopping``                True once shutdown began.
 
 A new runtime also registers its class in the ``hetflow.executors`` entry-point
 group. Every rank runs the shared runner (``_rank.run_on_rank``), so values and
@@ -28,6 +46,7 @@ errors are identical across runtimes by construction.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -35,7 +54,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Protocol, runtime_checkable
+from typing import Any, Dict, Iterator, List, Optional, Protocol, runtime_checkable
 
 from parsl.executors.base import ParslExecutor
 from parsl.executors.errors import InvalidResourceSpecification
@@ -250,7 +269,7 @@ class Executor(ParslExecutor):
                 return False
             queued = self._scheduler.remove(task)
         if queued:
-            self._finish(task, error=errors.cancelled(task.id, self.label, running=False))
+            self.finish(task, error=errors.cancelled(task.id, self.label, running=False))
         elif "cancel_running" in self.unsupported:
             raise NotSupported(f"cancel a running task: {self.unsupported['cancel_running']}")
         else:
@@ -268,14 +287,14 @@ class Executor(ParslExecutor):
             running = [t for t in self._live.values() if t not in queued]
             self._kick()
         for task in queued:
-            self._finish(task, error=errors.shut_down(task.id, self.label))
+            self.finish(task, error=errors.shut_down(task.id, self.label))
         for task in running:
             self._halt(task, errors.shut_down(task.id, self.label))
         try:
             self._stop_runtime()
         finally:
             for task in list(self._live.values()):
-                self._finish(task, error=errors.shut_down(task.id, self.label))
+                self.finish(task, error=errors.shut_down(task.id, self.label))
             self._watch.close()
             if self._dispatcher is not None:
                 self._dispatcher.join(timeout=10)
@@ -287,16 +306,16 @@ class Executor(ParslExecutor):
         return False   # Parsl's monitor watches one process tree; MPI ranks are many
 
     # ------------------------------------------------------------------ for runtimes
-    def _complete(self, task: Task, outcomes: dict, **evidence) -> None:
+    def complete(self, task: Task, outcomes: dict, **evidence) -> None:
         """Finish ``task`` from its ranks' outcomes (``evidence``: see ``_rank.collect``)."""
         value, error = None, None
         try:
             value = collect(outcomes, task.id, task.resources, self.label, **evidence)
         except BaseException as exc:  # noqa: BLE001 - the task's typed error
             error = exc
-        self._finish(task, value, error, root=outcomes.get(0))
+        self.finish(task, value, error, root=outcomes.get(0))
 
-    def _finish(self, task: Task, value=None, error: Optional[BaseException] = None, *,
+    def finish(self, task: Task, value=None, error: Optional[BaseException] = None, *,
                 root=None, release: bool = True) -> None:
         """Deliver the task's result once (the kernel's verdict wins); free its slots.
 
@@ -327,22 +346,65 @@ class Executor(ParslExecutor):
         else:
             task.future.set_result(value)
 
-    def _release(self, slots) -> None:
-        """Free slots outside :meth:`_finish` (``release=False`` runtimes)."""
+    def release(self, slots) -> None:
+        """Free slots outside :meth:`finish` (``release=False`` runtimes)."""
         with self._lock:
             self._scheduler.release(slots)
             self._kick()
 
-    def _requeue(self, task: Task) -> None:
-        """Queue a running task again, first (it lost its ranks through no fault of its own)."""
+    def requeue(self, *tasks: Task, release: bool = False) -> None:
+        """Queue running tasks again, first (they lost their ranks through no fault of their
+        own); ``release``: free their slots in the same step, so they go to them first."""
         with self._lock:
-            if task.deadline is not None:
-                task.deadline.cancel()
-            task.slots, task.state, task.deadline = [], TaskState.SCHEDULING, None
-            self._scheduler.push_front(task, self._slots_needed(task.resources))
+            for task in tasks:
+                if release and task.slots:
+                    self._scheduler.release(task.slots)
+                if task.deadline is not None:
+                    task.deadline.cancel()
+                task.slots, task.state, task.deadline = [], TaskState.SCHEDULING, None
+                self._scheduler.push_front(task, self._slots_needed(task.resources))
             self._kick()
 
-    def _launched(self, task: Task, at: Optional[float] = None) -> None:
+    def dequeue(self, task: Task) -> bool:
+        """Take ``task`` out of the queue; whether it was queued."""
+        with self._lock:
+            return self._scheduler.remove(task)
+
+    @contextlib.contextmanager
+    def placement(self, wake: bool = False) -> Iterator[SlotScheduler]:
+        """The runtime's scheduler (from ``_make_scheduler``) under the queue's lock, to read
+        or reshape (add, remove, hold slots); ``wake``: the dispatcher looks at the queue
+        again afterwards."""
+        with self._lock:
+            yield self._scheduler
+            if wake:
+                self._kick()
+
+    def live_tasks(self) -> List[Task]:
+        """Every task not yet delivered, queued or running."""
+        with self._lock:
+            return list(self._live.values())
+
+    def fail_all(self, error_for, *, release: bool = True) -> None:
+        """Fail every task, queued or running, with ``error_for(task)`` (the runtime is
+        broken); each future gets an exception of its own."""
+        with self._lock:
+            self._scheduler.queue.clear()
+            tasks = list(self._live.values())
+        for task in tasks:
+            self.finish(task, error=error_for(task), release=release)
+
+    def call_later(self, seconds: float, action):
+        """Run ``action`` on the kernel's timer thread in ``seconds``; the handle's
+        ``cancel()`` stops it."""
+        return self._watch.after(seconds, action)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether shutdown has begun."""
+        return self._stopping
+
+    def launched(self, task: Task, at: Optional[float] = None) -> None:
         """The task's processes started (``at``, a ``time.time()``; default now): stamp
         ``launched`` and arm its walltime from then."""
         task.times.launched = time.time() if at is None else at
@@ -407,14 +469,14 @@ class Executor(ParslExecutor):
                     task.slots, task.state = list(slots), TaskState.EXECUTING
             for task, _ in ready:
                 if not self.reports_launch:
-                    self._launched(task)
+                    self.launched(task)
                 if self.progress is not None:
                     self.progress.started(task.id)
                 try:
                     self._follow(task)
                     self._start(task)
                 except BaseException as exc:  # noqa: BLE001 - the future must learn of it
-                    self._finish(task, error=exc)
+                    self.finish(task, error=exc)
             if head is not None:
                 self._head_blocked(head[0])
 

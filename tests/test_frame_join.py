@@ -17,9 +17,9 @@ rank, size = comm.Get_rank(), comm.Get_size()
 if sys.argv[1:] == ["mixed"]:
     # rank 0's partitions count as large (one column at a time), the others' as small (all in
     # one exchange): ranks on both sides of the bound must still take one path together
-    from hetflow.frame import _ops
+    from hetflow.frame import _prepare
     if rank == 0:
-        _ops.BATCH_BYTES = -1
+        _prepare.BATCH_BYTES = -1
 PL_HOW = {"inner": "inner", "left": "left", "right": "right", "outer": "full"}
 failures, checked = [], 0
 

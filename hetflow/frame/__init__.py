@@ -18,8 +18,12 @@ Bad input (unknown columns, mismatched key types, ranks whose schemas disagree) 
 from hetflow.frame._backend import set_backend
 from hetflow.frame._exchange import barrier
 from hetflow.frame._io import read_csv, read_parquet, to_parquet
-from hetflow.frame._ops import GroupBy, join, shuffle, sort, unique
+from hetflow.frame._groupby import GroupBy
+from hetflow.frame._join import join
+from hetflow.frame._shuffle import shuffle
+from hetflow.frame._sort import sort
 from hetflow.frame._table import DistributedTable, from_local, generate
+from hetflow.frame._unique import unique
 
 
 def gather(table: DistributedTable, root: int = 0):

@@ -59,9 +59,20 @@ _CYLON_WRONG = {
 }
 
 
-def _ops():
-    from hetflow.frame import _ops  # imported late: _ops imports this module lazily too
-    return _ops
+# The CPU engine's modules are imported late: each of them imports this module lazily too.
+def _groupby():
+    from hetflow.frame import _groupby
+    return _groupby
+
+
+def _unique_cpu(table: DistributedTable, names: List[str]) -> DistributedTable:
+    from hetflow.frame._unique import unique
+    return unique(table, names, backend="cpu")
+
+
+def _shuffle_cpu(table: DistributedTable, names: List[str]) -> DistributedTable:
+    from hetflow.frame._shuffle import shuffle
+    return shuffle(table, names, backend="cpu")
 
 
 # -- checks every rank agrees on ---------------------------------------------------------------
@@ -214,8 +225,9 @@ def join(left: DistributedTable, right: DistributedTable, lk: List[str], rk: Lis
     comm = left.comm
 
     def on_cpu():
-        return _ops().join(left, right, how=how, left_on=lk, right_on=rk,
-                           suffixes=tuple(suffixes), backend="cpu")
+        from hetflow.frame._join import join as cpu_join
+        return cpu_join(left, right, how=how, left_on=lk, right_on=rk,
+                        suffixes=tuple(suffixes), backend="cpu")
 
     if how not in _JOIN_HOW:
         return _on_cpu(f"{how} join", "pycylon has no semi or anti join (JoinConfig knows inner, "
@@ -237,12 +249,12 @@ def join(left: DistributedTable, right: DistributedTable, lk: List[str], rk: Lis
                            "compares keys with == (NaN never matches NaN) while the CPU engine's "
                            "Arrow join matches NaN keys; use backend='cpu' or drop the NaN rows")
     from hetflow.frame import _localjoin
-    ops = _ops()
+    from hetflow.frame._join import canonical_zero
     # the CPU engine's exact output schema: its local kernel on empty inputs
     schema = _localjoin.join(left.local.slice(0, 0), right.local.slice(0, 0), lk, rk, how,
                              tuple(suffixes)).schema
-    L = ops._canonical_zero(left.local, lk)
-    R = ops._canonical_zero(right.local, rk)
+    L = canonical_zero(left.local, lk)
+    R = canonical_zero(right.local, rk)
     l_ok = L.filter(pc.invert(_null_key_mask(L, lk))) if L.num_rows else L
     r_ok = R.filter(pc.invert(_null_key_mask(R, rk))) if R.num_rows else R
     li = [L.schema.get_field_index(n) for n in lk]
@@ -322,7 +334,7 @@ def groupby_agg(table: DistributedTable, by: List[str],
             spec.setdefault(col, []).append(f)
         return _on_cpu("groupby", f"key {', '.join(map(repr, strings))}: "
                        f"{_CYLON_WRONG['string keys']}",
-                       lambda: _ops().GroupBy(table, by).agg(spec, backend="cpu"))
+                       lambda: _groupby().GroupBy(table, by).agg(spec, backend="cpu"))
     for col, _f, _ in plan:
         if col in by:
             raise NotSupported(f"groupby.agg on pycylon: column {col!r} is also a group key, "
@@ -345,14 +357,13 @@ def groupby_agg(table: DistributedTable, by: List[str],
                            "holds nulls; Cylon's kernels give an all-null group 0 or the "
                            "kernel's start value where the CPU engine gives null; use "
                            "backend='cpu'")
-    ops = _ops()
     empty = table.local.slice(0, 0)
     types = []
     for col, f, _ in plan:
         if f == "mean":
             types.append(pa.float64())
         else:
-            types.append(ops._group(empty.select(by + [col]), by, [(col, f)])
+            types.append(_groupby().group(empty.select(by + [col]), by, [(col, f)])
                          .schema.field(col).type)
     out_schema = pa.schema([schema.field(n) for n in by]
                            + [pa.field(name, t) for (_, _, name), t in zip(plan, types)])
@@ -413,7 +424,7 @@ def unique(table: DistributedTable, names: List[str]) -> DistributedTable:
     if strings:
         return _on_cpu("unique", f"column {', '.join(map(repr, strings))}: "
                        f"{_CYLON_WRONG['string keys']}",
-                       lambda: _ops().unique(table, names, backend="cpu"))
+                       lambda: _unique_cpu(table, names))
     counts = _counts(comm, [(table.local, schema.names)])
     bad = [n for n, (nulls, nans) in zip(schema.names, counts) if nulls or nans]
     if bad:
@@ -436,4 +447,4 @@ def shuffle(table: DistributedTable, names: List[str]) -> DistributedTable:
     hash, so its partitions would not line up with tables the CPU engine shuffles or joins."""
     return _on_cpu("shuffle", "pycylon's shuffle uses Cylon's own hash, so its partitions would "
                    "not be co-partitioned with the CPU engine's",
-                   lambda: _ops().shuffle(table, names, backend="cpu"))
+                   lambda: _shuffle_cpu(table, names))

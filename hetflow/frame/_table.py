@@ -61,27 +61,27 @@ class DistributedTable:
     # -- operations (collective) -------------------------------------------------------------
     def shuffle(self, on, **kw) -> "DistributedTable":
         """Hash-partition rows by ``on``: equal keys end up on the same rank."""
-        from hetflow.frame._ops import shuffle
+        from hetflow.frame._shuffle import shuffle
         return shuffle(self, on, **kw)
 
     def join(self, other: "DistributedTable", on=None, **kw) -> "DistributedTable":
         """Distributed join with ``other``; see :func:`hetflow.frame.join`."""
-        from hetflow.frame._ops import join
+        from hetflow.frame._join import join
         return join(self, other, on, **kw)
 
     def sort(self, by, ascending=True, **kw) -> "DistributedTable":
         """Globally sorted copy; see :func:`hetflow.frame.sort`."""
-        from hetflow.frame._ops import sort
+        from hetflow.frame._sort import sort
         return sort(self, by, ascending, **kw)
 
-    def groupby(self, by) -> "GroupBy":  # noqa: F821 - defined in _ops, which imports this module
+    def groupby(self, by) -> "GroupBy":  # noqa: F821 - _groupby imports this module
         """Group by key columns; finish with ``.agg({...})``."""
-        from hetflow.frame._ops import GroupBy
+        from hetflow.frame._groupby import GroupBy
         return GroupBy(self, by)
 
     def unique(self, subset=None, **kw) -> "DistributedTable":
         """Drop duplicate rows (over ``subset`` columns), keeping each first occurrence."""
-        from hetflow.frame._ops import unique
+        from hetflow.frame._unique import unique
         return unique(self, subset, **kw)
 
     def gather(self, root: int = 0) -> Optional[pa.Table]:
