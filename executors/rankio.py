@@ -77,7 +77,7 @@ class TaskFiles:
         self.run_root = run_root
         self._write_lock = write_lock
         self._paused = paused      # a context that clears a progress bar while lines print
-        self._lock = threading.Lock()
+        self._mutex = threading.Lock()
         self._handles: Dict[int, object] = {}
         self._partial: Dict[int, bytes] = {}
         self._tail = bytearray()
@@ -89,7 +89,7 @@ class TaskFiles:
     # ------------------------------------------------------------------ output
     def poll(self, final: bool = False) -> None:
         """Hand on every whole line written since the last poll (``final``: the rest too)."""
-        with self._lock:
+        with self._mutex:
             if self.closed:
                 return
             lines = []
@@ -147,7 +147,7 @@ class TaskFiles:
 
     def text(self) -> str:
         """The last :data:`TAIL_BYTES` of the task's prefixed lines."""
-        with self._lock:
+        with self._mutex:
             return bytes(self._tail).decode("utf-8", "replace")
 
     # ------------------------------------------------------------------ returned ranks
@@ -187,7 +187,7 @@ class TaskFiles:
     def close(self, success: bool) -> None:
         """Last read, then close; a successful task's files are removed."""
         self.poll(final=True)
-        with self._lock:
+        with self._mutex:
             self.closed = True
             for handle in self._handles.values():
                 handle.close()
@@ -226,21 +226,21 @@ class Follower:
         self._name = name
         self._hang_warning_s = hang_warning_s   # a callable: the runtime's setting now
         self._tasks: Dict[int, TaskFiles] = {}
-        self._lock = threading.Lock()
+        self._mutex = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
         self._thread: Optional[threading.Thread] = None
         self.write_lock = threading.Lock()
 
     def add(self, files: TaskFiles) -> None:
-        with self._lock:
+        with self._mutex:
             self._tasks[files.task.id] = files
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
 
     def remove(self, files: TaskFiles) -> None:
-        with self._lock:
+        with self._mutex:
             if self._tasks.get(files.task.id) is files:
                 del self._tasks[files.task.id]
 
@@ -252,7 +252,7 @@ class Follower:
 
     def _run(self) -> None:
         while not self._closed:
-            with self._lock:
+            with self._mutex:
                 tasks = list(self._tasks.values())
             for files in tasks:
                 try:
