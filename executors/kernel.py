@@ -334,6 +334,8 @@ class Executor(ParslExecutor):
         if task.files is not None:     # every line the ranks wrote is out before the result
             self._follower.remove(task.files)
             task.files.close(success=error is None)
+            if isinstance(error, errors.TaskLost) and not getattr(error, "output_tail", ""):
+                error.output_tail = task.files.text()[-2000:]   # what the ranks said last
         if root is not None:
             task.times.started, task.times.finished = root.started, root.finished
         task.times.delivered = time.time()

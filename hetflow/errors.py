@@ -94,6 +94,8 @@ class TaskLost(TaskFailed):
         text = super().__str__()
         if self.stderr_tail:
             text += "\n\nLauncher stderr (tail):\n" + self.stderr_tail.rstrip()
+        if getattr(self, "output_tail", ""):
+            text += "\n\nThe task's rank output (tail):\n" + self.output_tail.rstrip()
         return text
 
 
