@@ -59,7 +59,7 @@ from typing import Any, Dict, Iterator, List, Optional, Protocol, runtime_checka
 from parsl.executors.base import ParslExecutor
 from parsl.executors.errors import InvalidResourceSpecification
 
-from hetflow import errors
+from hetflow import errors, tables
 from hetflow.errors import ConfigError, ExecutorBroken, NotSupported, ResourcesUnavailable
 from hetflow.executors import rankio
 from hetflow.executors._rank import TaskPayload, collect
@@ -231,10 +231,13 @@ class Executor(ParslExecutor):
         future: Future = Future()
         task_id = next(self._ids)
         future.parsl_executor_task_id = task_id
+        args, kwargs = tables.prepare(self, resources, args, kwargs)
         files = (self._files_dir(task_id), self.output != "off", os.getpid(),
                  os.uname().nodename)
         payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
-                              resources=resources, files=files).dumps()
+                              resources=resources,
+                              tables=os.path.join(self.run_root, tables.TABLES_DIR),
+                              files=files).dumps()
         task = Task(task_id, resources, payload, future,
                     TaskTimes(executor=self.label, ranks=resources.ranks, submitted=time.time()))
         future.hetflow_task = task
