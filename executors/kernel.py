@@ -217,6 +217,7 @@ class Executor(ParslExecutor):
         from hetflow.executors.taskdir import private_dir
         private_dir(self.run_root)
         rankio.check_output(self.output)
+        self._node_root = rankio.node_root(self.run_root, self.label)
         self._follower = rankio.Follower(f"{self.label}-output", lambda: self.hang_warning_s)
         self._start_runtime()
         self._dispatcher = threading.Thread(target=self._dispatch_loop, daemon=True,
@@ -232,7 +233,7 @@ class Executor(ParslExecutor):
         task_id = next(self._ids)
         future.parsl_executor_task_id = task_id
         args, kwargs = tables.prepare(self, resources, args, kwargs)
-        files = (self._files_dir(task_id), self.output != "off", os.getpid(),
+        files = (*self._files_dirs(task_id), self.output != "off", os.getpid(),
                  os.uname().nodename)
         payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
                               resources=resources,
@@ -299,6 +300,7 @@ class Executor(ParslExecutor):
             for task in list(self._live.values()):
                 self.finish(task, error=errors.shut_down(task.id, self.label))
             self._watch.close()
+            rankio.remove_node_root(self._node_root, self.run_root)
             if self._dispatcher is not None:
                 self._dispatcher.join(timeout=10)
 
@@ -434,7 +436,7 @@ class Executor(ParslExecutor):
         files = task.files
         files.check_returned(float("inf"))
         running = files.running()
-        stacks = rankio.stacks(files.directory, running) if running else {}
+        stacks = rankio.stacks(files.directories, running) if running else {}
         state = files.hang_text(named=False) if files.returned else ""
         silent = [r for r in running if r not in stacks]
         if silent:
@@ -442,14 +444,18 @@ class Executor(ParslExecutor):
                                                 f"or not on this node)")
         errors.with_stacks(error, state, stacks)
 
-    def _files_dir(self, task_id: int) -> str:
-        return os.path.join(self.run_root, f"task-{task_id:06d}")
+    def _files_dirs(self, task_id: int) -> tuple:
+        """The task's files dirs: for ranks on this node (in memory where it can) and for
+        ranks elsewhere (in the run dir, which the nodes share)."""
+        name = f"task-{task_id:06d}"
+        return os.path.join(self._node_root, name), os.path.join(self.run_root, name)
 
     def _follow(self, task: Task) -> None:
-        """Make the task's files dir (owner-only) and follow it while the task runs."""
+        """Make the task's node-local files dir (owner-only) and follow it while it runs."""
         if task.files is None:
-            directory = rankio.private_dir(self._files_dir(task.id))
-            task.files = rankio.TaskFiles(task, self.label, directory, self.output,
+            directories = self._files_dirs(task.id)
+            rankio.private_dir(directories[0])
+            task.files = rankio.TaskFiles(task, self.label, directories, self.output,
                                           self.run_root, self._follower.write_lock,
                                           getattr(self.progress, "paused", None))
         self._follower.add(task.files)
