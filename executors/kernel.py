@@ -219,7 +219,11 @@ class Executor(ParslExecutor):
         rankio.check_output(self.output)
         self._node_root = rankio.node_root(self.run_root, self.label)
         self._follower = rankio.Follower(f"{self.label}-output", lambda: self.hang_warning_s)
-        self._start_runtime()
+        try:
+            self._start_runtime()
+        except BaseException:
+            rankio.remove_node_root(self._node_root, self.run_root)
+            raise
         self._dispatcher = threading.Thread(target=self._dispatch_loop, daemon=True,
                                             name=f"{self.label}-dispatch")
         self._dispatcher.start()
@@ -285,7 +289,8 @@ class Executor(ParslExecutor):
             if self._stopping:
                 return
             self._stopping = True
-            self._follower.close()
+            if self._follower is not None:
+                self._follower.close()
             queued = [entry[0] for entry in self._scheduler.queue]
             self._scheduler.queue.clear()
             running = [t for t in self._live.values() if t not in queued]
