@@ -165,6 +165,8 @@ class Executor(ParslExecutor):
     hang_warning_s: float = rankio.HANG_WARNING_S
     #: A progress display (``hetflow._progress.Campaign``) told of every task, or None.
     progress: Any = None
+    _follower: Optional[rankio.Follower] = None     # set by start()
+    _node_root: Optional[str] = None
 
     def __init__(self, label: str, *, max_ranks: Optional[int] = None,
                  gpus: Optional[int] = None, max_bypass: int = 16, **parsl_options):
@@ -305,7 +307,8 @@ class Executor(ParslExecutor):
             for task in list(self._live.values()):
                 self.finish(task, error=errors.shut_down(task.id, self.label))
             self._watch.close()
-            rankio.remove_node_root(self._node_root, self.run_root)
+            if self._node_root is not None:
+                rankio.remove_node_root(self._node_root, self.run_root)
             if self._dispatcher is not None:
                 self._dispatcher.join(timeout=10)
 
