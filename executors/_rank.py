@@ -56,12 +56,15 @@ class TaskPayload:
     unpickling the payload never imports the spec module (a dataclass).
     """
 
-    def __init__(self, task_id: int, func: Callable, args: tuple, kwargs: dict, resources):
+    def __init__(self, task_id: int, func: Callable, args: tuple, kwargs: dict, resources,
+                 tables: str | None = None):
         self.task_id = task_id
         self.func = func
         self.args = args
         self.kwargs = kwargs
         self._resources = resources
+        #: Where a rank writes its partition of a returned DistributedTable (hetflow.tables).
+        self.tables = tables
 
     @property
     def resources(self):
@@ -78,7 +81,8 @@ class TaskPayload:
             import dataclasses
 
             resources = dataclasses.asdict(resources)
-        return (TaskPayload, (self.task_id, self.func, self.args, self.kwargs, resources))
+        return (TaskPayload, (self.task_id, self.func, self.args, self.kwargs, resources,
+                              self.tables))
 
     def __repr__(self) -> str:
         return (f"TaskPayload(task_id={self.task_id!r}, func={self.func!r}, args={self.args!r}, "
@@ -188,9 +192,18 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
     own_umask = user_umask()
     try:
         started = time.time()
+        args, kwargs = payload.args, payload.kwargs
+        tables = sys.modules.get("hetflow.tables")   # imported by unpickling a handed-over table
         with task_comm(user_comm):
-            value = payload.func(*payload.args, **payload.kwargs)
+            if tables is not None:
+                args, kwargs = tables.materialize(args, kwargs, user_comm)
+            value = payload.func(*args, **kwargs)
         finished = time.time()
+        if type(value).__name__ == "DistributedTable":
+            from hetflow import tables
+
+            if tables.is_table(value):   # its partition, kept or written: the client assembles
+                value = tables.hand_over(value, comm, payload.tables, payload.task_id)
     except BaseException as exc:  # SystemExit on a rank is a task failure too
         outcome = _error_outcome(rank, exc, started, time.time())
         if keep_exception:
@@ -272,9 +285,20 @@ def collect(outcomes: dict, task_id, resources, executor: str, *,
     if missing:
         raise errors.rank_lost(task_id, executor, resources.ranks, missing, deaths, returncode,
                                stderr_tail, detail)
+    origin = f"task {task_id} ({executor})"
     if resources.returns == "all":
-        return [outcomes[r].load_value() for r in range(resources.ranks)]
-    return outcomes[0].load_value()
+        values = [outcomes[r].load_value() for r in range(resources.ranks)]
+        tables = sys.modules.get("hetflow.tables")     # imported by unpickling a Partition
+        if tables is not None and any(isinstance(v, tables.Partition) for v in values):
+            return [tables.assemble(values, origin)] * len(values)
+        return values
+    value = outcomes[0].load_value()
+    tables = sys.modules.get("hetflow.tables")
+    if tables is not None and isinstance(value, tables.Partition):
+        # The whole table, never rank 0's part alone: every rank's partition.
+        return tables.assemble([value] + [outcomes[r].load_value()
+                                          for r in range(1, resources.ranks)], origin)
+    return value
 
 
 #: Named shared-memory segments MPICH creates at ``MPI_Init`` for a node's ranks and removes

@@ -59,7 +59,7 @@ from typing import Any, Dict, Iterator, List, Optional, Protocol, runtime_checka
 from parsl.executors.base import ParslExecutor
 from parsl.executors.errors import InvalidResourceSpecification
 
-from hetflow import errors
+from hetflow import errors, tables
 from hetflow.errors import ConfigError, ExecutorBroken, NotSupported, ResourcesUnavailable
 from hetflow.executors._rank import TaskPayload, collect
 from hetflow.executors.allocation import default_slots
@@ -217,8 +217,10 @@ class Executor(ParslExecutor):
         future: Future = Future()
         task_id = next(self._ids)
         future.parsl_executor_task_id = task_id
+        args, kwargs = tables.prepare(self, resources, args, kwargs)
         payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
-                              resources=resources).dumps()
+                              resources=resources,
+                              tables=os.path.join(self.run_root, tables.TABLES_DIR)).dumps()
         task = Task(task_id, resources, payload, future,
                     TaskTimes(executor=self.label, ranks=resources.ranks, submitted=time.time()))
         future.hetflow_task = task

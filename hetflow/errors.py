@@ -27,6 +27,10 @@ class InputError(HetflowError, ValueError):
     """
 
 
+class TableHandoffError(InputError):
+    """A ``frame.DistributedTable`` a task returned cannot be handed over (or read back)."""
+
+
 class NotSupported(HetflowError, NotImplementedError):
     """The runtime cannot do what was asked; the message names the feature."""
 
@@ -131,6 +135,11 @@ class KeyColumnError(InputError, KeyError):
 
 class SchemaMismatch(InputError):
     """Ranks' partitions, or the two sides of a join, disagree on column types."""
+
+
+class NullValues(InputError):
+    """A column handed to a consumer that cannot take nulls (a tensor) has some; the message
+    names it (raised on every rank)."""
 
 
 class BackendUnavailable(ResourcesUnavailable):

@@ -24,17 +24,58 @@ ENTRY_POINT_GROUP = "hetflow.executors"
 _RETRY_BUDGET = 1_000_000
 
 
+#: Runtimes that need an optional extra: name -> (the module it imports, the extra).
+EXTRAS = {"radical": ("radical.pilot", "radical")}
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):     # a missing parent package, or one blocked in sys.modules
+        return False
+
+
+def _missing_extra(name: str) -> Optional[str]:
+    """The install command a runtime's extra needs, or None when it is installed."""
+    module, extra = EXTRAS.get(name, (None, None))
+    if module is None or _importable(module):
+        return None
+    return f"pip install 'hetflow[{extra}]'"
+
+
 def available_runtimes() -> Dict[str, Any]:
-    """Runtime name -> entry point, for every installed hetflow executor."""
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """Runtime name -> entry point, for every hetflow executor installed with what it needs."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)
+            if _missing_extra(ep.name) is None}
 
 
 def executor_class(name: str):
     """The executor class registered under ``name``."""
     found = available_runtimes()
     if name not in found:
+        install = _missing_extra(name)
+        if install is not None:
+            raise ConfigError(f"runtime {name!r} needs the {EXTRAS[name][0]} package, which is "
+                              f"not installed: {install}")
         raise ConfigError(f"unknown runtime {name!r}; installed: {sorted(found)}")
     return found[name].load()
+
+
+def _script_name() -> str:
+    """The file of the first caller outside hetflow and contextlib (what Parsl's own
+    search for a workflow name would find, were hetflow.runtime not in the way)."""
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(here + os.sep) and os.path.basename(path) != "contextlib.py":
+            return os.path.basename(path)
+        frame = frame.f_back
+    return "unnamed"
 
 
 def retryable(exc: BaseException) -> bool:
@@ -94,6 +135,10 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
     import parsl
 
     cls = executor_class(name)
+    if monitoring is not None and getattr(monitoring, "workflow_name", "") is None:
+        # Parsl names the workflow after the first file on the stack that is not its own:
+        # this one. Name it after the user's script instead.
+        monitoring.workflow_name = _script_name()
     if checkpoint is not None:
         if memoizer is not None:
             raise ConfigError("give either checkpoint= or memoizer=, not both")

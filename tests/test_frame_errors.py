@@ -49,7 +49,11 @@ case("sort empty partitions typed differently", lambda: frame.sort(mixed, "k"))
 case("sort bad ascending", lambda: frame.sort(good, ["k", "v"], ascending=[True]))
 case("shuffle unknown key", lambda: frame.shuffle(good, "nope"))
 case("groupby unknown key", lambda: good.groupby("nope").agg({"v": "sum"}))
-case("groupby unknown agg", lambda: good.groupby("k").agg({"v": "median"}))
+case("groupby unknown agg", lambda: good.groupby("k").agg({"v": "mode"}))
+case("groupby unknown value column", lambda: good.groupby("k").agg({"nope": "sum"}))
+words = frame.from_local(comm, pa.table({"k": [rank], "s": ["x"]}))
+case("groupby median of strings", lambda: words.groupby("k").agg({"s": ["count", "median"]}))
+case("groupby quantile without q", lambda: good.groupby("k").agg({"v": "quantile"}))
 case("unique schemas differ", lambda: frame.unique(odd))
 case("gather schemas differ", lambda: odd.gather())
 case("read_parquet missing on one rank", lambda: frame.read_parquet(
@@ -104,6 +108,9 @@ EXPECTED = {
     "shuffle unknown key": "KeyColumnError",
     "groupby unknown key": "KeyColumnError",
     "groupby unknown agg": "ConfigError",
+    "groupby unknown value column": "KeyColumnError",
+    "groupby median of strings": "InputError",
+    "groupby quantile without q": "ConfigError",
     "unique schemas differ": "SchemaMismatch",
     "gather schemas differ": "SchemaMismatch",
     "read_parquet missing on one rank": "InputError",
@@ -165,6 +172,8 @@ def test_bad_input_raises_same_error_everywhere(ranks, tmp_path):
     assert "'s' (string)" in r0["describe string column"][1]
     assert "1000" in r0["cast overflows on the last rank"][1] or "overflow" in r0[
         "cast overflows on the last rank"][1].lower()
+    assert "median" in r0["groupby median of strings"][1] and "'s'" in r0[
+        "groupby median of strings"][1]
     if ranks > 1:
         assert "rank 1" in r0["join schemas differ across ranks"][1]
         assert "missing.parquet" in r0["read_parquet missing on one rank"][1]

@@ -213,6 +213,50 @@ def test_cancel_running_task(runtime_name, executor):
         assert time.time() - start < 45
 
 
+# ----------------------------------------------------------------------------- tables handed over
+@hetflow.mpi_app(ranks=2)
+def make_table(comm, rows):
+    from hetflow import frame
+
+    return frame.generate(comm, rows, seed=7)
+
+
+@hetflow.mpi_app(ranks=3, returns="all")
+def local_parts(comm, table):
+    assert table.comm.Get_size() == comm.Get_size()
+    return table.local, table.num_rows()
+
+
+def test_returned_table_is_handed_whole_to_a_3_rank_task_and_the_client(runtime_name,
+                                                                         executor):
+    import pyarrow as pa
+
+    from hetflow.frame._table import synthetic_partition
+
+    whole = pa.concat_tables([synthetic_partition(r, 2, 500, seed=7) for r in range(2)])
+    handle = make_table(500).result()
+    assert isinstance(handle, hetflow.TableHandle)
+    assert handle.ranks == 2 and handle.rows == (500, 500)
+    parts = local_parts(handle).result()                 # re-partitioned over 3 ranks
+    assert [n for _, n in parts] == [1000] * 3
+    assert [t.num_rows for t, _ in parts] == [333, 333, 334]
+    assert pa.concat_tables([t for t, _ in parts]).equals(whole)   # rows, values and order
+    same = local_parts.options(ranks=2)(handle).result()          # kept as it was
+    assert [t.equals(synthetic_partition(r, 2, 500, seed=7)) for r, (t, _) in enumerate(same)] \
+        == [True, True]
+    assert handle.to_arrow().equals(whole)
+    tables_dir = os.path.join(executor.run_root, "tables")
+    if runtime_name == "pool":
+        assert handle.pool == executor.uid and not handle.paths
+        assert not os.path.exists(tables_dir)            # kept in the ranks: no file written
+        from hetflow.resident import release
+
+        release(handle)
+    else:
+        assert all(p.startswith(tables_dir + os.sep) for p in handle.paths)
+        assert {os.stat(p).st_mode & 0o777 for p in handle.paths} == {0o600}
+
+
 def test_more_ranks_than_the_runtime_has(runtime_name, executor):
     too_many = executor.max_ranks + 1
     with pytest.raises(hetflow.ResourcesUnavailable):
@@ -226,3 +270,34 @@ def test_runtime_still_works_after_failures(runtime_name):
     for f in failures:
         with pytest.raises(hetflow.TaskFailed):
             f.result()
+
+
+# ----------------------------------------------------------------------------- training
+# hetflow.torch on every runtime (CPU, Gloo). The ranks import torch (~3-8 s a fresh rank on
+# this 2-core host; the pool's and RAPTOR's ranks keep it): two tests, three tasks per runtime.
+def test_torch_ddp_matches_one_process_side_by_side(runtime_name, tmp_path):
+    pytest.importorskip("torch")
+    from torch_apps import PARITY_ATOL, ddp_train
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    # rank 0 of the 2-rank task holds no rows: batches() rebalances them
+    two = ddp_train(rows=40, empty_rank=0, mine=a, theirs=b)
+    one = ddp_train.options(ranks=1)(rows=24, mine=b, theirs=a)
+    got_two, got_one = two.result(), one.result()
+    assert got_two["met"] and got_one["met"], "the two training tasks did not run at once"
+    assert got_two["size"] == 2 and got_two["backend"] == "gloo"
+    assert got_two["rows"] == [20, 20] and got_two["steps"] == 2 * 3
+    assert got_one["rows"] == [24] and got_one["steps"] == 2 * 3
+    for got in (got_two, got_one):
+        assert got["moved"] > 1e-3, "training did not change the weights"
+        assert got["diff"] <= PARITY_ATOL, got
+
+
+def test_torch_rank_killed_mid_training_is_task_lost(runtime_name):
+    pytest.importorskip("torch")
+    from torch_apps import ddp_train
+
+    with pytest.raises(hetflow.TaskLost) as info:
+        ddp_train(rows=40, kill_rank=1, kill_step=2).result()
+    assert info.value.rank == 1
+    assert ddp_train(rows=16, epochs=1).result()["diff"] >= 0

@@ -19,6 +19,7 @@ operations on each partition (``filter``, ``select``, ``with_columns``, ``cast``
 Bad input (unknown columns, mismatched key types, ranks whose schemas disagree) raises the same
 :class:`~hetflow.errors.InputError` subclass on every rank, before any data moves.
 """
+from hetflow.frame._aggregate import Agg
 from hetflow.frame._backend import set_backend
 from hetflow.frame._describe import describe
 from hetflow.frame._exchange import barrier
@@ -55,7 +56,7 @@ def groupby(table: DistributedTable, by) -> GroupBy:
     return table.groupby(by)
 
 
-__all__ = ["DistributedTable", "GroupBy", "barrier", "cast", "concat", "describe", "difference",
+__all__ = ["Agg", "DistributedTable", "GroupBy", "barrier", "cast", "concat", "describe", "difference",
            "drop", "fill_null", "filter", "from_local", "from_pandas", "gather", "generate",
            "groupby", "head", "intersect", "join", "read_csv", "read_parquet", "rebalance",
            "rename", "repartition", "select", "set_backend", "shuffle", "slice", "sort", "tail",

@@ -58,6 +58,17 @@ class DistributedTable:
                 f"local_rows={self.local_rows}, columns={self.column_names}, "
                 f"backend={self.backend!r})")
 
+    def __copy__(self):
+        return DistributedTable(self.comm, self.local, backend=self.backend)
+
+    def __reduce__(self):
+        # Its communicator ends with the task: pickled, it would arrive as one rank's rows
+        # on a dead communicator. Returned on its own, the runner hands it over whole.
+        from hetflow.errors import TableHandoffError
+        raise TableHandoffError(
+            "a DistributedTable cannot be pickled: return it from the task on its own (the "
+            "task then resolves to a hetflow.TableHandle of the whole table), or gather() it")
+
     # -- operations (collective) -------------------------------------------------------------
     def shuffle(self, on, **kw) -> "DistributedTable":
         """Hash-partition rows by ``on``: equal keys end up on the same rank."""
