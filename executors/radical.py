@@ -54,8 +54,8 @@ from hetflow.executors._rp_hygiene import (client_children, end_leftovers, impor
                                            restore_environment, rp_zmq_objects,
                                            session_processes, set_environment)
 from hetflow.executors.kernel import Executor, Task
-from hetflow.executors.launch import (ended, hydra_deaths, kill_processes, kill_tree, tail,
-                                     with_malloc_thp)
+from hetflow.executors._forensics import kill_processes
+from hetflow.executors.launch import ended, hydra_deaths, kill_tree, tail, with_malloc_thp
 from hetflow.executors.taskdir import Deaths, TaskDir, private_dir
 from hetflow.executors.watch import PEER_GRACE_S, POLL_S
 from hetflow.spec import Resources
