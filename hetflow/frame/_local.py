@@ -42,7 +42,7 @@ def _run(op: str, table: DistributedTable, fn: Callable[[pa.Table], pa.Table]
     out, error = None, None
     try:
         out = fn(table.local)
-    except (HetflowError, pa.ArrowException, TypeError, ValueError, KeyError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a user function may raise anything
         error = _typed(op, exc, table.local.schema)
     schemas = [table.local.schema, out.schema if out is not None else table.local.schema]
     _check.agree(table.comm, schemas, error=error, what=("input", f"{op} result"))
