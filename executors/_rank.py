@@ -56,12 +56,14 @@ class TaskPayload:
     unpickling the payload never imports the spec module (a dataclass).
     """
 
-    def __init__(self, task_id: int, func: Callable, args: tuple, kwargs: dict, resources):
+    def __init__(self, task_id: int, func: Callable, args: tuple, kwargs: dict, resources,
+                 arguments: "bytes | None" = None):
         self.task_id = task_id
         self.func = func
         self.args = args
         self.kwargs = kwargs
         self._resources = resources
+        self._arguments = arguments      # (args, kwargs) as the client pickled them once
 
     @property
     def resources(self):
@@ -78,6 +80,8 @@ class TaskPayload:
             import dataclasses
 
             resources = dataclasses.asdict(resources)
+        if self._arguments is not None:
+            return (_with_arguments, (self.task_id, self.func, self._arguments, resources))
         return (TaskPayload, (self.task_id, self.func, self.args, self.kwargs, resources))
 
     def __repr__(self) -> str:
@@ -89,6 +93,12 @@ class TaskPayload:
         from hetflow.executors import _pickling
 
         return _pickling.dumps(self)
+
+
+def _with_arguments(task_id: int, func: Callable, arguments: bytes, resources) -> TaskPayload:
+    """A payload whose arguments the client pickled at the call (nested in the payload)."""
+    args, kwargs = pickle.loads(arguments)
+    return TaskPayload(task_id, func, args, kwargs, resources)
 
 
 class RankOutcome:

@@ -60,6 +60,7 @@ from parsl.executors.base import ParslExecutor
 from parsl.executors.errors import InvalidResourceSpecification
 
 from hetflow import errors
+from hetflow.apps import ARGUMENTS_KWARG
 from hetflow.errors import ConfigError, ExecutorBroken, NotSupported, ResourcesUnavailable
 from hetflow.executors._rank import TaskPayload, collect
 from hetflow.executors.allocation import default_slots
@@ -217,8 +218,11 @@ class Executor(ParslExecutor):
         future: Future = Future()
         task_id = next(self._ids)
         future.parsl_executor_task_id = task_id
+        # The arguments were pickled once at the call (hetflow.apps), unless a Future among
+        # them was resolved since: then they are pickled here.
+        arguments = kwargs.pop(ARGUMENTS_KWARG, None)
         payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
-                              resources=resources).dumps()
+                              resources=resources, arguments=arguments).dumps()
         task = Task(task_id, resources, payload, future,
                     TaskTimes(executor=self.label, ranks=resources.ranks, submitted=time.time()))
         future.hetflow_task = task
