@@ -206,7 +206,7 @@ def by_arrow(table: pa.Table, by: List[str], planned: Sequence[Planned], names: 
     """Partial rows (keys, then the ``names`` columns laid out as :func:`part_names` says)
     of :data:`ARROW` aggregations by one Arrow hash aggregation over the keys; ``merging``:
     ``table`` holds such partial rows already (several per group), to be merged."""
-    source = pa.table([_canonical(_arrays._single(table.column(k))) for k in by], names=list(by))
+    source = pa.table([_zero(_arrays._single(table.column(k))) for k in by], names=list(by))
     requests, i = [], 0
     for p in planned:
         for part in part_names(p):
@@ -254,10 +254,17 @@ class Groups:
         return self._last
 
 
-def _canonical(col: pa.Array) -> pa.Array:
+def _zero(col: pa.Array) -> pa.Array:
     """-0.0 and 0.0 are one group, as in polars (adding 0.0 turns -0.0 into 0.0 only)."""
     if pa.types.is_floating(col.type):
         return pc.add(col, pa.scalar(0.0, col.type))
+    return col
+
+
+def _canonical(col: pa.Array) -> pa.Array:
+    """The values as dictionary encoding numbers them: -0.0 as 0.0, dictionaries decoded."""
+    if pa.types.is_floating(col.type):
+        return _zero(col)
     if pa.types.is_dictionary(col.type):
         return _canonical(col.cast(col.type.value_type))
     return col
