@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -19,8 +20,8 @@ from hetflow.errors import LaunchError
 from hetflow.executors import _pool_wire as wire
 from hetflow.executors._pool_faults import rank_death
 from hetflow.executors.allocation import srun_prefix
-from hetflow.executors.launch import (ended, forget_recorded_shm, kill_tree, launcher_env,
-                                      launcher_flavour, with_malloc_thp)
+from hetflow.executors._forensics import ended, forget_recorded_shm, kill_tree
+from hetflow.executors.launch import launcher_env, launcher_flavour, with_malloc_thp
 from hetflow.executors.taskdir import PRIVATE_UMASK, TaskDir, private_dir
 from hetflow.executors.watch import EVIDENCE_GRACE_S
 
@@ -28,6 +29,21 @@ from hetflow.executors.watch import EVIDENCE_GRACE_S
 #: How long the pool waits for a world's launcher to exit once a rank of it was taken
 #: down by it (see :meth:`Worlds.taken_down`), before it treats the rank as simply dead.
 TEARDOWN_GRACE_S = 10.0
+#: How long a rank told to exit (:meth:`Worlds.kill`) may take before it is SIGKILLed.
+KILL_GRACE_S = 1.0
+
+
+def _force_kill(pid: int, supervisor: int) -> None:
+    """SIGKILL ``pid`` if it is still the child of ``supervisor`` (not a reused pid)."""
+    try:
+        if os.path.isdir("/proc"):
+            with open(f"/proc/{pid}/stat") as fh:
+                parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+            if supervisor and parent != supervisor:
+                return
+        os.kill(pid, 9)
+    except (OSError, ValueError, IndexError):   # gone already
+        pass
 
 
 @dataclass
@@ -154,14 +170,18 @@ class Worlds:
 
     # ------------------------------------------------------------------ liveness
     def kill(self, slot: Slot) -> None:
-        """End a rank's process (MPI cannot interrupt a rank waiting in a collective)."""
+        """End a rank's process (MPI cannot interrupt a rank waiting in a collective).
+
+        Its control thread ends it (exit code ``KILLED_EXIT``): Hydra keeps the world up
+        after a rank that exits, and with it the other ranks and what they keep, where a
+        SIGKILLed rank made it end the whole world (MPICH 5.0.2, a 3- and a 4-rank pool).
+        A rank of this host still there after :data:`KILL_GRACE_S` (its control thread
+        could not run) is SIGKILLed."""
+        self.send(wire.control_identity(slot.identity), [wire.KILL])
         if slot.host == self.hostname and slot.pid:
-            try:
-                os.kill(slot.pid, 9)
-            except ProcessLookupError:
-                pass
-        else:  # another node: the rank's control thread ends the process
-            self.send(wire.control_identity(slot.identity), [wire.KILL])
+            timer = threading.Timer(KILL_GRACE_S, _force_kill, (slot.pid, slot.supervisor))
+            timer.daemon = True
+            timer.start()
 
     def dead(self, world: World, slot: Slot, now: float) -> bool:
         """The rank is gone (and its supervisor had its moment to record how)."""

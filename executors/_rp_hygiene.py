@@ -17,8 +17,7 @@ from typing import Dict, List, Optional
 
 import psutil
 
-from hetflow._private import within
-from hetflow.executors.launch import kill_tree
+from hetflow.executors._forensics import end_processes, processes_under
 
 
 def import_rp():
@@ -57,39 +56,17 @@ def restore_environment(saved: Dict[str, Optional[str]]) -> None:
 
 
 def session_processes(base: str) -> List[psutil.Process]:
-    """Live processes started for the RP session whose files live under ``base``.
-
-    RP daemonises its bridges and agent (their parent is init), so they are not
-    the client's children: they are recognised by working directory or by the
-    ``RADICAL_PILOT_BASE`` in their environment.
-    """
-    found = []
-    me = os.getpid()
-    # Attributes are read one process at a time: one that exits meanwhile can surface as
-    # a bare FileNotFoundError from /proc, which inside process_iter would end the scan.
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid == me or proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-            cwd = proc.cwd() or ""
-            pilot_base = proc.environ().get("RADICAL_PILOT_BASE") or ""
-            if within(cwd, base) or within(pilot_base, base):
-                found.append(proc)
-        except (psutil.Error, OSError):
-            pass
-    return found
+    """Live processes started for the RP session whose files live under ``base``: RP
+    daemonises its bridges and agent (their parent is init), so they are found by
+    working directory or by the ``RADICAL_PILOT_BASE`` in their environment."""
+    return processes_under(base, "RADICAL_PILOT_BASE")
 
 
 def end_leftovers(base: str, children: List[psutil.Process]) -> None:
     """Kill whatever RP left running after its session closed: the client's ``children``
     that RP started (see :func:`started_during`) and the session's daemons. The client's
     other children (the user's, another runtime's) are not RP's to end."""
-    for proc in list(children) + session_processes(base):
-        try:
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                kill_tree(proc.pid)
-        except (psutil.Error, OSError):    # it ended meanwhile
-            pass
+    end_processes(list(children) + session_processes(base))
 
 
 def client_children() -> set:

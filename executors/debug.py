@@ -28,7 +28,7 @@ class DebugExecutor(Executor):
 
         # On the kernel's dispatch thread: one slot, so one task at a time anyway.
         outcome = run_on_rank(task.payload, MPI.COMM_SELF, keep_exception=True)
-        self._complete(task, {0: outcome})
+        self.complete(task, {0: outcome})
 
     def _stop(self, task: Task, error) -> None:
         pass   # nothing to stop: the task runs to its end; the kernel's verdict wins

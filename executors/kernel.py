@@ -9,8 +9,8 @@ stops work, through these hooks:
 ``_start(task)``            required. Run ``task`` on ``task.slots`` (rank slots the
                             queue gave it); called on the kernel's dispatch thread,
                             so hand long work to a thread or an event loop. When the
-                            task ends, call :meth:`Executor._complete` with the ranks'
-                            outcomes (or :meth:`Executor._finish` with a value or error).
+                            task ends, call :meth:`Executor.complete` with the ranks'
+                            outcomes (or :meth:`Executor.finish` with a value or error).
 ``_stop(task, error)``      required. Stop the running task's processes now. ``error``
                             (walltime, cancel, shutdown) is the task's verdict and
                             wins over what the runtime later reports; None means a
@@ -21,6 +21,24 @@ stops work, through these hooks:
 ``_admit(task, args, kwargs)``  optional. Runtime-specific checks at submit time.
 ``_head_blocked(task)``     optional. The queue's first task could not start on the
                             slots there are (a runtime that can reshape them may act).
+``_make_scheduler(max_bypass)``, ``_slots_needed(resources)``  optional. The runtime's
+                            own placement (a :class:`SlotScheduler`) and slot count.
+
+What a runtime may call on the kernel (nothing else: the kernel's ``_`` names are its
+own, and may change):
+
+``complete(task, outcomes, **evidence)``  deliver the task from its ranks' outcomes.
+``finish(task, value, error, release=)``  deliver a value or an error; free its slots.
+``launched(task, at=None)`` the task's processes started (``reports_launch`` runtimes).
+``release(slots)``          free slots a ``release=False`` delivery kept.
+``requeue(*tasks, release=)``  queue running tasks again, first.
+``dequeue(task)``           take a queued task out of the queue (True if it was there).
+``placement(wake=)``        a context holding the queue's lock, giving the runtime's
+                            scheduler to read or reshape (add, remove, hold slots).
+``live_tasks()``            the tasks not yet delivered, queued or running.
+``fail_all(error_for)``     fail every task, queued or running, with ``error_for(task)``.
+``call_later(s, fn)``       run ``fn`` on the kernel's timer thread in ``s`` seconds.
+``stopping``                True once shutdown began.
 
 A new runtime also registers its class in the ``hetflow.executors`` entry-point
 group. Every rank runs the shared runner (``_rank.run_on_rank``), so values and
@@ -28,6 +46,7 @@ errors are identical across runtimes by construction.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -35,13 +54,14 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Protocol, runtime_checkable
+from typing import Any, Dict, Iterator, List, Optional, Protocol, runtime_checkable
 
 from parsl.executors.base import ParslExecutor
 from parsl.executors.errors import InvalidResourceSpecification
 
-from hetflow import errors
+from hetflow import errors, tables
 from hetflow.errors import ConfigError, ExecutorBroken, NotSupported, ResourcesUnavailable
+from hetflow.executors import rankio
 from hetflow.executors._rank import TaskPayload, collect
 from hetflow.executors.allocation import default_slots
 from hetflow.executors.scheduler import SlotScheduler
@@ -120,6 +140,8 @@ class Task:
     deadline: Optional[Deadline] = None
     #: The runtime's own handle on the running task (a launch, an RP task, ...).
     handle: Any = None
+    #: Its files dir as the client follows it (rank output, returned ranks, stacks).
+    files: Optional[rankio.TaskFiles] = None
 
     @property
     def done(self) -> bool:
@@ -134,6 +156,15 @@ class Executor(ParslExecutor):
     #: it calls :meth:`_launched` when the task's processes start, and the walltime counts
     #: from there. Otherwise the task counts as launched when ``_start`` is called.
     reports_launch: bool = False
+    #: Where the ranks' output goes: ``"console"`` (the client's stdout, each line prefixed
+    #: ``[task N rank R]``), ``"files"`` (``<runtime dir>/output/task-NNNNNN.log``), a text
+    #: stream, or ``"off"`` (not captured). ``hetflow.runtime(output=...)`` sets it.
+    output: Any = "console"
+    #: Seconds after a task's first rank returned before a warning names the ranks still
+    #: running (see :mod:`hetflow.executors.rankio`).
+    hang_warning_s: float = rankio.HANG_WARNING_S
+    #: A progress display (``hetflow._progress.Campaign``) told of every task, or None.
+    progress: Any = None
 
     def __init__(self, label: str, *, max_ranks: Optional[int] = None,
                  gpus: Optional[int] = None, max_bypass: int = 16, **parsl_options):
@@ -182,9 +213,11 @@ class Executor(ParslExecutor):
 
     # ------------------------------------------------------------------ Parsl's executor API
     def start(self) -> None:
-        self.run_root = os.path.join(self.run_dir, self.label)
+        self.run_root = os.path.abspath(os.path.join(self.run_dir, self.label))
         from hetflow.executors.taskdir import private_dir
         private_dir(self.run_root)
+        rankio.check_output(self.output)
+        self._follower = rankio.Follower(f"{self.label}-output", lambda: self.hang_warning_s)
         self._start_runtime()
         self._dispatcher = threading.Thread(target=self._dispatch_loop, daemon=True,
                                             name=f"{self.label}-dispatch")
@@ -198,8 +231,13 @@ class Executor(ParslExecutor):
         future: Future = Future()
         task_id = next(self._ids)
         future.parsl_executor_task_id = task_id
+        args, kwargs = tables.prepare(self, resources, args, kwargs)
+        files = (self._files_dir(task_id), self.output != "off", os.getpid(),
+                 os.uname().nodename)
         payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
-                              resources=resources).dumps()
+                              resources=resources,
+                              tables=os.path.join(self.run_root, tables.TABLES_DIR),
+                              files=files).dumps()
         task = Task(task_id, resources, payload, future,
                     TaskTimes(executor=self.label, ranks=resources.ranks, submitted=time.time()))
         future.hetflow_task = task
@@ -209,6 +247,8 @@ class Executor(ParslExecutor):
             self._live[future] = task
             self._scheduler.push(task, self._slots_needed(resources))
             self._kick()
+        if self.progress is not None:
+            self.progress.submitted(task_id)
         return future
 
     def check_resources(self, resources: Resources) -> None:
@@ -232,7 +272,7 @@ class Executor(ParslExecutor):
                 return False
             queued = self._scheduler.remove(task)
         if queued:
-            self._finish(task, error=errors.cancelled(task.id, self.label, running=False))
+            self.finish(task, error=errors.cancelled(task.id, self.label, running=False))
         elif "cancel_running" in self.unsupported:
             raise NotSupported(f"cancel a running task: {self.unsupported['cancel_running']}")
         else:
@@ -244,19 +284,20 @@ class Executor(ParslExecutor):
             if self._stopping:
                 return
             self._stopping = True
+            self._follower.close()
             queued = [entry[0] for entry in self._scheduler.queue]
             self._scheduler.queue.clear()
             running = [t for t in self._live.values() if t not in queued]
             self._kick()
         for task in queued:
-            self._finish(task, error=errors.shut_down(task.id, self.label))
+            self.finish(task, error=errors.shut_down(task.id, self.label))
         for task in running:
             self._halt(task, errors.shut_down(task.id, self.label))
         try:
             self._stop_runtime()
         finally:
             for task in list(self._live.values()):
-                self._finish(task, error=errors.shut_down(task.id, self.label))
+                self.finish(task, error=errors.shut_down(task.id, self.label))
             self._watch.close()
             if self._dispatcher is not None:
                 self._dispatcher.join(timeout=10)
@@ -268,16 +309,16 @@ class Executor(ParslExecutor):
         return False   # Parsl's monitor watches one process tree; MPI ranks are many
 
     # ------------------------------------------------------------------ for runtimes
-    def _complete(self, task: Task, outcomes: dict, **evidence) -> None:
+    def complete(self, task: Task, outcomes: dict, **evidence) -> None:
         """Finish ``task`` from its ranks' outcomes (``evidence``: see ``_rank.collect``)."""
         value, error = None, None
         try:
             value = collect(outcomes, task.id, task.resources, self.label, **evidence)
         except BaseException as exc:  # noqa: BLE001 - the task's typed error
             error = exc
-        self._finish(task, value, error, root=outcomes.get(0))
+        self.finish(task, value, error, root=outcomes.get(0))
 
-    def _finish(self, task: Task, value=None, error: Optional[BaseException] = None, *,
+    def finish(self, task: Task, value=None, error: Optional[BaseException] = None, *,
                 root=None, release: bool = True) -> None:
         """Deliver the task's result once (the kernel's verdict wins); free its slots.
 
@@ -293,32 +334,82 @@ class Executor(ParslExecutor):
         if task.deadline is not None:
             task.deadline.cancel()
         error = task.error or error
+        if task.files is not None:     # every line the ranks wrote is out before the result
+            self._follower.remove(task.files)
+            task.files.close(success=error is None)
+            if isinstance(error, errors.TaskLost) and not getattr(error, "output_tail", ""):
+                error.output_tail = task.files.text()[-2000:]   # what the ranks said last
         if root is not None:
             task.times.started, task.times.finished = root.started, root.finished
         task.times.delivered = time.time()
         task.state = TaskState.of_outcome(error)
         task.payload = b""
+        if self.progress is not None:
+            self.progress.finished(task.id, task.state)
         if error is not None:
             task.future.set_exception(error)
         else:
             task.future.set_result(value)
 
-    def _release(self, slots) -> None:
-        """Free slots outside :meth:`_finish` (``release=False`` runtimes)."""
+    def release(self, slots) -> None:
+        """Free slots outside :meth:`finish` (``release=False`` runtimes)."""
         with self._lock:
             self._scheduler.release(slots)
             self._kick()
 
-    def _requeue(self, task: Task) -> None:
-        """Queue a running task again, first (it lost its ranks through no fault of its own)."""
+    def requeue(self, *tasks: Task, release: bool = False) -> None:
+        """Queue running tasks again, first (they lost their ranks through no fault of their
+        own); ``release``: free their slots in the same step, so they go to them first."""
         with self._lock:
-            if task.deadline is not None:
-                task.deadline.cancel()
-            task.slots, task.state, task.deadline = [], TaskState.SCHEDULING, None
-            self._scheduler.push_front(task, self._slots_needed(task.resources))
+            for task in tasks:
+                if release and task.slots:
+                    self._scheduler.release(task.slots)
+                if task.deadline is not None:
+                    task.deadline.cancel()
+                task.slots, task.state, task.deadline = [], TaskState.SCHEDULING, None
+                self._scheduler.push_front(task, self._slots_needed(task.resources))
             self._kick()
 
-    def _launched(self, task: Task, at: Optional[float] = None) -> None:
+    def dequeue(self, task: Task) -> bool:
+        """Take ``task`` out of the queue; whether it was queued."""
+        with self._lock:
+            return self._scheduler.remove(task)
+
+    @contextlib.contextmanager
+    def placement(self, wake: bool = False) -> Iterator[SlotScheduler]:
+        """The runtime's scheduler (from ``_make_scheduler``) under the queue's lock, to read
+        or reshape (add, remove, hold slots); ``wake``: the dispatcher looks at the queue
+        again afterwards."""
+        with self._lock:
+            yield self._scheduler
+            if wake:
+                self._kick()
+
+    def live_tasks(self) -> List[Task]:
+        """Every task not yet delivered, queued or running."""
+        with self._lock:
+            return list(self._live.values())
+
+    def fail_all(self, error_for, *, release: bool = True) -> None:
+        """Fail every task, queued or running, with ``error_for(task)`` (the runtime is
+        broken); each future gets an exception of its own."""
+        with self._lock:
+            self._scheduler.queue.clear()
+            tasks = list(self._live.values())
+        for task in tasks:
+            self.finish(task, error=error_for(task), release=release)
+
+    def call_later(self, seconds: float, action):
+        """Run ``action`` on the kernel's timer thread in ``seconds``; the handle's
+        ``cancel()`` stops it."""
+        return self._watch.after(seconds, action)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether shutdown has begun."""
+        return self._stopping
+
+    def launched(self, task: Task, at: Optional[float] = None) -> None:
         """The task's processes started (``at``, a ``time.time()``; default now): stamp
         ``launched`` and arm its walltime from then."""
         task.times.launched = time.time() if at is None else at
@@ -328,11 +419,40 @@ class Executor(ParslExecutor):
                 task, errors.walltime_exceeded(task.id, self.label, task.resources.walltime)))
 
     def _halt(self, task: Task, error: Optional[BaseException]) -> None:
-        """Decide ``task``'s verdict (if given and none yet) and have the runtime stop it."""
+        """Decide ``task``'s verdict (if given and none yet) and have the runtime stop it.
+
+        A running task's verdict carries which ranks had returned and the Python stacks of
+        those still running, taken just before they are stopped."""
         if error is not None and task.error is None:
+            if task.files is not None and not task.done:
+                self._explain(task, error)
             task.error = error
         if not task.done:
             self._stop(task, error)
+
+    def _explain(self, task: Task, error: BaseException) -> None:
+        files = task.files
+        files.check_returned(float("inf"))
+        running = files.running()
+        stacks = rankio.stacks(files.directory, running) if running else {}
+        state = files.hang_text(named=False) if files.returned else ""
+        silent = [r for r in running if r not in stacks]
+        if silent:
+            state += ("; " if state else "") + (f"no stack from rank(s) {silent} (not started, "
+                                                f"or not on this node)")
+        errors.with_stacks(error, state, stacks)
+
+    def _files_dir(self, task_id: int) -> str:
+        return os.path.join(self.run_root, f"task-{task_id:06d}")
+
+    def _follow(self, task: Task) -> None:
+        """Make the task's files dir (owner-only) and follow it while the task runs."""
+        if task.files is None:
+            directory = rankio.private_dir(self._files_dir(task.id))
+            task.files = rankio.TaskFiles(task, self.label, directory, self.output,
+                                          self.run_root, self._follower.write_lock,
+                                          getattr(self.progress, "paused", None))
+        self._follower.add(task.files)
 
     # ------------------------------------------------------------------ dispatch
     def _kick(self) -> None:
@@ -354,11 +474,14 @@ class Executor(ParslExecutor):
                     task.slots, task.state = list(slots), TaskState.EXECUTING
             for task, _ in ready:
                 if not self.reports_launch:
-                    self._launched(task)
+                    self.launched(task)
+                if self.progress is not None:
+                    self.progress.started(task.id)
                 try:
+                    self._follow(task)
                     self._start(task)
                 except BaseException as exc:  # noqa: BLE001 - the future must learn of it
-                    self._finish(task, error=exc)
+                    self.finish(task, error=exc)
             if head is not None:
                 self._head_blocked(head[0])
 

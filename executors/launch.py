@@ -16,8 +16,8 @@ import subprocess
 import sys
 from typing import Callable, List, Optional, Sequence
 
-from hetflow._guardian import alive
 from hetflow.errors import LaunchError
+from hetflow.executors._forensics import ended, forget_recorded_shm, kill_tree
 from hetflow.executors.taskdir import PRIVATE_UMASK, Deaths, TaskDir
 from hetflow.executors.watch import POLL_S
 
@@ -97,63 +97,6 @@ def mpiexec_command(mpiexec: str, ranks: int, extra: Sequence[str] = (),
     cmd += list(extra)
     cmd += [python or sys.executable, "-m", "hetflow.executors._rank"]
     return cmd
-
-
-def kill_tree(pid: int, wait: bool = True) -> None:
-    """SIGKILL a launcher and everything under it (Hydra proxies and ranks included);
-    ``wait``: until they are gone (up to 5 s; a process that is not this one's child is
-    gone only once its own parent reaped it)."""
-    import psutil   # here: only a kill needs the process tree (and ranks never import this module)
-
-    try:
-        parent = psutil.Process(pid)
-        procs = parent.children(recursive=True) + [parent]
-    except psutil.NoSuchProcess:
-        procs = []
-    kill_processes(procs, wait=wait, group=pid)
-
-
-def kill_processes(procs, wait: bool = True, group: Optional[int] = None) -> None:
-    """SIGKILL ``procs`` (psutil processes; and process group ``group``), then remove the
-    named shared memory they mapped whose names were still there: MPI segments (Open MPI's;
-    MPICH's of a world killed before its ranks unlinked them at the start, see
-    _rank.forget_mpi_shm_names), as MPI_Finalize, which they never reach, would have, and
-    multiprocessing's named semaphores (_rank.KILLED_TREE_SHM). Mappings are read first.
-    ``wait``: until they are gone (up to 5 s)."""
-    import psutil
-
-    from hetflow.executors._rank import KILLED_TREE_SHM, mapped_mpi_shm, unlink_mpi_shm
-
-    shm = set().union(*(mapped_mpi_shm(proc.pid, KILLED_TREE_SHM) for proc in procs))
-    if group is not None:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    unlink_mpi_shm(shm)
-    if wait:
-        psutil.wait_procs(procs, timeout=5)
-
-
-def forget_recorded_shm(taskdir: TaskDir) -> None:
-    """Once a world has ended: remove the shared-memory segments its ranks on this host
-    recorded (``_rank.forget_mpi_shm_names``: Open MPI's, which ranks cannot unlink early). A
-    world that ended without MPI_Finalize (an abort, a failed or killed rank) left them.
-    Only MPI segment paths are taken."""
-    from hetflow.executors._rank import KILLED_WORLD_SHM, unlink_mpi_shm
-
-    unlink_mpi_shm(p for p in taskdir.shm_recorded(os.uname().nodename)
-                   if p.startswith(KILLED_WORLD_SHM) and "/../" not in p)
-
-
-def ended(pid: int) -> bool:
-    """Whether process ``pid`` has exited (no such process, or a zombie not yet reaped)."""
-    return not alive(pid)
 
 
 def tail(path: str, limit: int = 4000) -> str:

@@ -39,7 +39,7 @@ class MpirunExecutor(Executor):
         task.handle = MPILaunch(
             taskdir, task.resources.ranks,
             mpiexec_command(self.mpiexec, task.resources.ranks, self.mpiexec_args, self.python),
-            self.env, on_vanished=lambda: self._watch.after(
+            self.env, on_vanished=lambda: self.call_later(
                 PEER_GRACE_S, lambda: self._stop(task, None)))
         threading.Thread(target=self._run, args=(task,), daemon=True,
                          name=f"{self.label}-task-{task.id}").start()
@@ -52,10 +52,10 @@ class MpirunExecutor(Executor):
                 launch.kill()
             returncode = launch.wait()
         except BaseException as exc:  # noqa: BLE001 - every failure belongs on the future
-            self._finish(task, error=exc)
+            self.finish(task, error=exc)
             return
         outcomes = launch.taskdir.outcomes()
-        self._complete(task, outcomes, returncode=returncode, deaths=launch.deaths(),
+        self.complete(task, outcomes, returncode=returncode, deaths=launch.deaths(),
                        stderr_tail=launch.stderr_tail())
         if task.future.exception() is None and not self.keep_task_dirs:
             launch.taskdir.remove()

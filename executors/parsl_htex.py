@@ -42,6 +42,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 from concurrent.futures import Future
 from typing import Dict, Optional
 
@@ -56,7 +57,7 @@ from hetflow.errors import ConfigError, LaunchError
 from hetflow.executors import allocation
 from hetflow.executors._parsl_worker import POLL_S, RANK_TMPDIR, run_mpi_task
 from hetflow.executors.kernel import Executor, Task
-from hetflow.executors.launch import kill_tree
+from hetflow.executors._forensics import kill_tree
 from hetflow.executors.taskdir import TaskDir, private_umask
 from hetflow.spec import Resources
 
@@ -178,6 +179,7 @@ class ParslMPIExecutor(Executor, MPIExecutor):
         self.python = python
         self.keep_task_dirs = keep_task_dirs
         self.worker_init = worker_init
+        self._jobs_lock = threading.Lock()   # a _Job's failed_early/ended: decided once
 
     def parsl_config_options(self) -> dict:
         """Config settings ``hetflow.runtime`` uses with this executor (fast block checks)."""
@@ -222,9 +224,7 @@ class ParslMPIExecutor(Executor, MPIExecutor):
         finally:
             shutil.rmtree(getattr(self, "worker_tmp", ""), ignore_errors=True)
             # A launcher started after the tasks were stopped, before HTEX went down.
-            with self._lock:
-                running = list(self._live.values())
-            for task in running:
+            for task in self.live_tasks():
                 self._kill_launcher(self._taskdir(task))
 
     # ------------------------------------------------------------------ tasks
@@ -234,8 +234,7 @@ class ParslMPIExecutor(Executor, MPIExecutor):
     @property
     def _taskdirs(self) -> Dict[Future, str]:
         """Each unfinished task's dir, by its future (where its ``launcher.json`` appears)."""
-        with self._lock:
-            return {future: self._taskdir(task).path for future, task in self._live.items()}
+        return {task.future: self._taskdir(task).path for task in self.live_tasks()}
 
     def _start(self, task: Task) -> None:
         """Hand the task to HTEX: its slots are free, so Parsl's MPI scheduler runs it now.
@@ -260,9 +259,9 @@ class ParslMPIExecutor(Executor, MPIExecutor):
             return
         info = task.handle.taskdir.read_launcher()
         if info is not None:
-            self._launched(task, at=info.get("launched"))
+            self.launched(task, at=info.get("launched"))
         else:
-            self._watch.after(POLL_S, lambda: self._await_launch(task))
+            self.call_later(POLL_S, lambda: self._await_launch(task))
 
     def _stop(self, task: Task, error) -> None:
         """Leave the cancel marker the worker polls for; at shutdown also kill the job.
@@ -272,17 +271,17 @@ class ParslMPIExecutor(Executor, MPIExecutor):
         """
         job: _Job = task.handle or _Job(self._taskdir(task))
         job.taskdir.ask_to_stop()
-        if self._stopping:
+        if self.stopping:
             # HTEX's scale-in kills the worker pool; launchers run in their own sessions.
             self._kill_launcher(job.taskdir)
             return
-        with self._lock:
+        with self._jobs_lock:
             early = (error is not None and task.handle is not None and not job.ended
                      and not task.done and job.taskdir.read_launcher() is None)
             if early:
                 job.failed_early = True
         if early:
-            self._finish(task, release=False)
+            self.finish(task, release=False)
 
     def _ended(self, task: Task, inner: Future) -> None:
         """HTEX's future is done: deliver the worker's report (or its loss)."""
@@ -291,7 +290,7 @@ class ParslMPIExecutor(Executor, MPIExecutor):
             info = job.taskdir.read_launcher()
             if info is not None:
                 task.times.launched = info.get("launched", task.times.launched)
-        with self._lock:                    # decided once against _stop's early failure
+        with self._jobs_lock:               # decided once against _stop's early failure
             job.ended = not job.failed_early
         try:
             report = inner.result()
@@ -299,15 +298,15 @@ class ParslMPIExecutor(Executor, MPIExecutor):
             self._kill_launcher(job.taskdir, block_lost=type(exc).__name__ == "ManagerLost")
             report = exc
         if job.failed_early:                # delivered by _stop: only the slots are left
-            self._release(task.slots)
+            self.release(task.slots)
         elif isinstance(report, BaseException):
-            self._finish(task, error=errors.worker_lost(task.id, self.label, report))
+            self.finish(task, error=errors.worker_lost(task.id, self.label, report))
         elif report["status"] == "launch_error":
-            self._finish(task, error=LaunchError(f"task {task.id} ({self.label}): "
+            self.finish(task, error=LaunchError(f"task {task.id} ({self.label}): "
                                                  f"{report['error']}", command=report["command"],
                                                  logs=report["logs"]))
         else:
-            self._complete(task, report["outcomes"], returncode=report["returncode"],
+            self.complete(task, report["outcomes"], returncode=report["returncode"],
                            stderr_tail=report["stderr_tail"], deaths=report["deaths"])
             if task.future.exception() is None and not self.keep_task_dirs:
                 job.taskdir.remove()

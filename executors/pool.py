@@ -27,7 +27,7 @@ Threads. The kernel's dispatch thread takes slots for a task and calls
 :meth:`PoolExecutor._start`; that and every other request (stop, consolidate,
 release resident data) is posted to the broker thread, the single owner of the
 worlds, the slots and the ZeroMQ socket. The broker touches the kernel's
-scheduler only under ``self._lock``.
+scheduler only through the kernel's ``placement()``.
 
 Multi-node: pass ``hostfile=`` (Hydra ``-f``; lines ``host:slots``) or a launcher
 prefix such as ``launcher=["srun", "--ntasks={ranks}", "--kill-on-bad-exit=0"]``
@@ -273,8 +273,8 @@ class PoolExecutor(Executor):
     @property
     def world_sizes(self) -> Dict[int, int]:
         """Live ranks per MPI world (one world of max_ranks unless ranks were replaced)."""
-        with self._lock:
-            return self._scheduler.world_sizes()
+        with self.placement() as scheduler:
+            return scheduler.world_sizes()
 
     # Snapshots for observers on other threads (tests); the broker uses self._mpi's own.
     @property
@@ -458,24 +458,23 @@ class PoolExecutor(Executor):
         free = [s for s in slot_ids if self._mpi.slots[s].alive
                 and not self._mpi.worlds[self._mpi.slots[s].world].retiring]
         if free:
-            self._release(free)
+            self.release(free)
 
     def _register(self, identity: bytes, info: dict) -> None:
         slot = self._mpi.register(identity, info)
         if slot is None:
             return
-        with self._lock:
-            self._scheduler.add_slot(slot.id, slot.world, slot.host, slot.wrank)
-        self._release([slot.id])
+        with self.placement() as scheduler:
+            scheduler.add_slot(slot.id, slot.world, slot.host, slot.wrank)
+        self.release([slot.id])
         world = self._mpi.worlds[slot.world]
         if world.id == 0 and not world.unregistered:
             self._ready.set()
 
     def _remove_slots(self, slot_ids) -> None:
-        with self._lock:
+        with self.placement(wake=True) as scheduler:   # the head may be blocked for good now
             for slot_id in slot_ids:
-                self._scheduler.remove_slot(slot_id)
-            self._kick()           # the queue's head may now be blocked for good
+                scheduler.remove_slot(slot_id)
 
     # ------------------------------------------------------------------ running tasks
     def _dispatch(self, task: Task) -> None:
@@ -487,7 +486,7 @@ class PoolExecutor(Executor):
         if any(s is None or not s.alive for s in slots):
             # Its ranks were lost (or retired) between placement and here: it never ran.
             self._free([s.id for s in slots if s is not None])
-            self._requeue(task)
+            self.requeue(task)
             return
         world = self._mpi.worlds[slots[0].world]
         ranks = tuple(s.wrank for s in slots)
@@ -526,7 +525,7 @@ class PoolExecutor(Executor):
                 # A rank raised: that is the task's result. Its peers may wait in a
                 # collective for it; those still busy after the grace are stopped.
                 self._deliver(task)
-                run.peer_grace = self._watch.after(
+                run.peer_grace = self.call_later(
                     PEER_GRACE_S, lambda: self._post(("peers", task)))
         self._try_finish_consolidation()
 
@@ -540,7 +539,7 @@ class PoolExecutor(Executor):
                             detail=detail)
         except BaseException as exc:  # noqa: BLE001 - the task's typed error
             error = exc
-        self._finish(task, value, error, root=run.outcomes.get(0), release=False)
+        self.finish(task, value, error, root=run.outcomes.get(0), release=False)
 
     def _forget(self, task: Task) -> None:
         """Drop the broker's record of a delivered task once none of its ranks is busy for it."""
@@ -560,10 +559,9 @@ class PoolExecutor(Executor):
             if victims:
                 why = str(task.error).splitlines()[0] if task.error else f"task {task.id} stopped"
                 self._stop_ranks(task, victims, why)
-        with self._lock:
-            self._scheduler.remove(task)   # re-queued meanwhile: it stops all the same
+        self.dequeue(task)                 # re-queued meanwhile: it stops all the same
         if task.error is not None:
-            self._finish(task, release=False)
+            self.finish(task, release=False)
         else:
             self._deliver(task)
         if self._tasks.get(task.id) is task:
@@ -612,8 +610,8 @@ class PoolExecutor(Executor):
                         f"{self._mpi.slots[plan.dead[task_id][0]].world} went down ({why}); "
                         f"re-queued (attempt {task.handle.requeues + 1})")
             self._tasks.pop(task_id, None)
-            self._requeue(task)
-        if plan.lost and not self._stopping and not self._consolidating:
+            self.requeue(task)
+        if plan.lost and not self.stopping and not self._consolidating:
             cores = [c for c in (self._mpi.slots[s].core for s in plan.lost) if c is not None]
             world = self._mpi.launch(len(plan.lost), cores=cores)
             self._event(f"{len(plan.lost)} rank(s) lost ({why}): started replacement world "
@@ -660,37 +658,31 @@ class PoolExecutor(Executor):
                            if exited else "rank process died", collateral=exited)
             if exited and not any(s.alive for s in self._mpi.slots_of(world)):
                 self._remove_slots(self._mpi.drop(world))
-        if not self._mpi.worlds and not self._stopping and not self._consolidating:
+        if not self._mpi.worlds and not self.stopping and not self._consolidating:
             self._broken = "every MPI world of the pool is gone"
             self._fail_all()
 
     def _fail_all(self) -> None:
         """The pool is broken: every task it holds, queued or running, fails."""
-        with self._lock:
-            self._scheduler.queue.clear()
-            tasks = list(self._live.values())
-        for task in tasks:
-            self._finish(task, error=ExecutorBroken(
-                f"pool {self.label!r} is broken: {self._broken}"), release=False)
+        self.fail_all(lambda task: ExecutorBroken(
+            f"pool {self.label!r} is broken: {self._broken}"), release=False)
         self._tasks.clear()
 
     # ------------------------------------------------------------------ blocked head
     def _unblock(self) -> None:
         """The queue's head cannot run now: fail it if it never can; consolidate if needed."""
-        with self._lock:
-            head = self._scheduler.head()
-            sizes = self._scheduler.world_sizes()
-        if head is None or self._stopping:
+        with self.placement() as scheduler:
+            head = scheduler.head()
+            sizes = scheduler.world_sizes()
+        if head is None or self.stopping:
             return
         task, need, _ = head
         pinned = task.handle.pinned
         if pinned is not None:
             lost = [s for s in pinned if s not in self._mpi.slots or not self._mpi.slots[s].alive]
             if lost:
-                with self._lock:
-                    queued = self._scheduler.remove(task)
-                if queued:
-                    self._finish(task, error=errors.resident_lost(task.id, self.label, pinned,
+                if self.dequeue(task):
+                    self.finish(task, error=errors.resident_lost(task.id, self.label, pinned,
                                                                   lost))
             return
         if max(sizes.values(), default=0) >= need or self._mpi.starting():
@@ -701,14 +693,14 @@ class PoolExecutor(Executor):
                         f"{max(sizes.values(), default=0)} (worlds: {sizes}): draining and "
                         f"restarting the pool as one world of {self.max_ranks} ranks "
                         "(resident data on the old ranks is lost)")
-            with self._lock:
+            with self.placement() as scheduler:
                 for world in self._mpi.worlds.values():
                     world.retiring = True
-                    self._scheduler.hold(world.slot_ids.values())
+                    scheduler.hold(world.slot_ids.values())
         self._try_finish_consolidation()
 
     def _try_finish_consolidation(self) -> None:
-        if not self._consolidating or self._stopping:
+        if not self._consolidating or self.stopping:
             return
         if any(s.task is not None and s.alive for s in self._mpi.slots.values()
                if s.world in self._mpi.worlds):

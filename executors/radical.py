@@ -54,8 +54,8 @@ from hetflow.executors._rp_hygiene import (client_children, end_leftovers, impor
                                            restore_environment, rp_zmq_objects,
                                            session_processes, set_environment)
 from hetflow.executors.kernel import Executor, Task
-from hetflow.executors.launch import (ended, hydra_deaths, kill_processes, kill_tree, tail,
-                                     with_malloc_thp)
+from hetflow.executors._forensics import kill_processes
+from hetflow.executors.launch import ended, hydra_deaths, kill_tree, tail, with_malloc_thp
 from hetflow.executors.taskdir import Deaths, TaskDir, private_dir
 from hetflow.executors.watch import PEER_GRACE_S, POLL_S
 from hetflow.spec import Resources
@@ -216,7 +216,8 @@ class RadicalExecutor(Executor):
         self.restarts: List[str] = []
         self._stalls: List[type] = []               # the _StartStalled kinds restarted
         self.rank_env: Dict[str, str] = {}          # environment RP tasks (the ranks) get
-        self._running: Dict[str, Task] = {}         # RP uid -> task, under self._lock
+        self._running: Dict[str, Task] = {}         # RP uid -> task, under _running_lock
+        self._running_lock = threading.RLock()
         self._uid_counter = itertools.count()
         self._session = None
         self._saved_env: Dict[str, Optional[str]] = {}
@@ -602,12 +603,12 @@ class RadicalExecutor(Executor):
             submit = self._raptor.submit_tasks
         # Known before RP is: its state callback may come before submit_tasks returns.
         handle.uid, handle.failed_seen = description["uid"], None
-        with self._lock:
+        with self._running_lock:
             self._running[handle.uid] = task
         try:
             submit([description])
         except Exception as exc:
-            with self._lock:
+            with self._running_lock:
                 self._running.pop(handle.uid, None)
             raise LaunchError(f"could not submit task {task.id} to RADICAL-Pilot: {exc}") from exc
         if task.error is not None:          # stopped while it was being submitted
@@ -653,17 +654,17 @@ class RadicalExecutor(Executor):
         """RP's report that one of its tasks ended (on RP's callback thread)."""
         if state not in _FINAL:
             return
-        with self._lock:
+        with self._running_lock:
             task = self._running.get(rp_task.uid)
         if task is None:    # an abandoned copy (worker recycled, task stopped) or the probe
             return
         if task.handle.path == "raptor" and _worker_lost(task.handle.taskdir):
             return   # RP saw the worker die first: the watchdog recycles it (not on RP's thread)
-        with self._lock:
+        with self._running_lock:
             if self._running.pop(rp_task.uid, None) is None:
                 return
         if task.error is not None:
-            self._finish(task)
+            self.finish(task)
             return
         try:
             exit_code = rp_task.exit_code
@@ -673,9 +674,9 @@ class RadicalExecutor(Executor):
                             stderr_tail=_text(rp_task.stderr)[-4000:],
                             deaths=self._deaths(task, _text(rp_task.stdout)))
         except BaseException as exc:  # noqa: BLE001 - the future must learn of it
-            self._finish(task, error=exc)
+            self.finish(task, error=exc)
             return
-        self._complete(task, task.handle.taskdir.outcomes(), **evidence)
+        self.complete(task, task.handle.taskdir.outcomes(), **evidence)
         if task.future.exception() is None and not self.keep_sandbox:
             task.handle.taskdir.remove()
 
@@ -719,7 +720,7 @@ class RadicalExecutor(Executor):
         """Notice RAPTOR tasks the worker will never report: a rank died, or one failed
         and its peers have waited longer than ``PEER_GRACE_S`` (stuck in a collective)."""
         checked = 0.0
-        while not self._stopping:
+        while not self.stopping:
             time.sleep(POLL_S)  # a SIGKILLed rank must be seen before Hydra stops its peers
             if time.monotonic() - checked > _WORKER_CHECK_S:
                 checked = time.monotonic()
@@ -727,11 +728,11 @@ class RadicalExecutor(Executor):
                     self._check_worker()
                 except Exception:  # the watchdog must live (logged)
                     logger.exception("watchdog could not check the RAPTOR worker")
-            with self._lock:
+            with self._running_lock:
                 running = [(uid, t) for uid, t in self._running.items()
                            if t.handle.path == "raptor" and t.error is None]
             for uid, task in running:
-                with self._lock:
+                with self._running_lock:
                     if self._running.get(uid) is not task:
                         # Reported, or recycled with an earlier task's worker in this very
                         # pass and maybe re-queued under a new uid already: its task dir
@@ -749,7 +750,7 @@ class RadicalExecutor(Executor):
         launch's ``srun`` failed (Hydra then waits on forever), or it has taken
         ``worker_start_s``. Tasks submitted meanwhile wait in the master's queue and run on
         the next worker."""
-        if self._worker_up or self._stopping or self._raptor_broken is not None:
+        if self._worker_up or self.stopping or self._raptor_broken is not None:
             return
         uid, task = self._worker_uid, self._worker_task
         if os.path.exists(self._worker_ready):
@@ -797,7 +798,7 @@ class RadicalExecutor(Executor):
         """Kill worker ``uid`` (unless a recycle replaced it meanwhile) and start another;
         after ``WORKER_STARTS`` failed starts in a row, fail the RAPTOR tasks instead."""
         with self._worker_lock:
-            if uid != self._worker_uid or self._worker_up or self._stopping:
+            if uid != self._worker_uid or self._worker_up or self.stopping:
                 return
             logger.warning("%s; starting a new one", why)
             self.restarts.append(why)
@@ -820,13 +821,13 @@ class RadicalExecutor(Executor):
             self._raptor_broken = ExecutorBroken(
                 f"the RAPTOR worker did not come up {WORKER_STARTS} times in a row "
                 f"(last: {why})")
-            with self._lock:
+            with self._running_lock:
                 victims = [t for t in self._running.values() if t.handle.path == "raptor"]
                 for t in victims:
                     self._running.pop(t.handle.uid, None)
         for t in victims:
             _retire(t.handle)
-            self._finish(t, error=self._raptor_broken)
+            self.finish(t, error=self._raptor_broken)
 
     def _kill_worker_ranks(self, uid: str) -> int:
         """SIGKILL the processes working in worker ``uid``'s task sandbox (its ranks and their
@@ -863,10 +864,10 @@ class RadicalExecutor(Executor):
         handle: Optional[_InPilot] = task.handle
         if handle is None:
             return           # not submitted yet: _start sees task.error and stops it
-        if handle.path == "raptor" and not self._stopping:
+        if handle.path == "raptor" and not self.stopping:
             self._recycle(task)
             return
-        with self._lock:
+        with self._running_lock:
             if self._running.pop(handle.uid, None) is None:
                 return
         deaths = self._deaths(task) if task.error is None else None
@@ -880,7 +881,7 @@ class RadicalExecutor(Executor):
                 pass
             kill_tree_of(handle.taskdir.path)
         # (RAPTOR at shutdown: the worker goes with the session.)
-        self._complete(task, handle.taskdir.outcomes(), deaths=deaths)
+        self.complete(task, handle.taskdir.outcomes(), deaths=deaths)
 
     def _recycle(self, task: Task, uid: Optional[str] = None) -> None:
         """Stop the RAPTOR worker, fail ``task``, restart the worker, rerun its neighbours.
@@ -890,7 +891,7 @@ class RadicalExecutor(Executor):
         kernel's (cancel, walltime) or else the ranks' reports, read before the worker is
         killed (killing it ends every rank).
         """
-        with self._lock:
+        with self._running_lock:
             if self._running.pop(uid or task.handle.uid, None) is None:
                 return       # reported, or recycled by another thread, meanwhile
             neighbours = [t for t in self._running.values() if t.handle.path == "raptor"]
@@ -908,7 +909,7 @@ class RadicalExecutor(Executor):
             if root is not None:
                 kill_tree(root)
             self._worker_root = None
-            restart = not self._stopping     # (at shutdown the kernel fails the neighbours)
+            restart = not self.stopping     # (at shutdown the kernel fails the neighbours)
             error = None
             if restart:
                 try:
@@ -918,14 +919,12 @@ class RadicalExecutor(Executor):
         if restart:
             if error is not None:
                 for t in neighbours:
-                    self._finish(t, error=ExecutorBroken(f"RAPTOR worker could not restart: "
+                    self.finish(t, error=ExecutorBroken(f"RAPTOR worker could not restart: "
                                                          f"{error}"))
             else:
-                with self._lock:     # atomically: the freed slots go to the neighbours first
-                    for t in neighbours:
-                        self._release(t.slots)
-                        self._requeue(t)
-        self._complete(task, task.handle.taskdir.outcomes(), deaths=deaths,
+                # atomically: the freed slots go to the neighbours first
+                self.requeue(*neighbours, release=True)
+        self.complete(task, task.handle.taskdir.outcomes(), deaths=deaths,
                        stderr_tail=_WORKER_LOST)
 
 

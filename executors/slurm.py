@@ -183,15 +183,15 @@ class SlurmExecutor(Executor):
                 if task.error is None:          # not stopped before it was submitted
                     job.id = self._sbatch(task, job.taskdir)
             if job.id is None:
-                self._finish(task)              # the kernel's verdict
+                self.finish(task)              # the kernel's verdict
                 return
             returncode, detail = self._wait(task, job)
         except BaseException as exc:  # noqa: BLE001 - every failure belongs on the future
-            self._finish(task, error=exc)
+            self.finish(task, error=exc)
             return
         taskdir = job.taskdir
         stderr = tail(taskdir.stderr)
-        self._complete(task, taskdir.outcomes(), returncode=returncode, stderr_tail=stderr,
+        self.complete(task, taskdir.outcomes(), returncode=returncode, stderr_tail=stderr,
                        deaths=taskdir.deaths(lambda: srun_deaths(tail(taskdir.stderr, 20000))),
                        detail=detail)
         if task.future.exception() is None and not self.keep_task_dirs:
@@ -204,7 +204,7 @@ class SlurmExecutor(Executor):
             info = job.taskdir.read_launcher()
             if info is not None and job.launched is None:
                 job.launched = float(info["launched"])
-                self._launched(task, at=job.launched)
+                self.launched(task, at=job.launched)
             if info is not None and "returncode" in info:
                 return int(info["returncode"]), ""
             if time.monotonic() - asked >= SLURM_POLL_S:

@@ -20,7 +20,8 @@ if not _os.path.isdir(_os.path.join(__path__[0], "executors")) and _os.path.isfi
 
 _ERRORS = ("BackendUnavailable", "ConfigError", "ExecutorBroken", "HetflowError", "InputError",
            "KeyColumnError", "LaunchError", "NotSupported", "ResourcesUnavailable",
-           "SchemaMismatch", "TaskCancelled", "TaskFailed", "TaskLost", "WalltimeExceeded")
+           "SchemaMismatch", "TableHandoffError", "TaskCancelled", "TaskFailed", "TaskLost",
+           "WalltimeExceeded")
 
 #: Submodules that ``import hetflow`` used to import eagerly: ``hetflow.errors.X`` keeps working.
 _SUBMODULES = ("errors", "spec")
@@ -30,8 +31,8 @@ _LAZY = {
     "mpi_app": "hetflow.apps", "MPIApp": "hetflow.apps", "current_comm": "hetflow._task",
     "runtime": "hetflow.runtime", "available_runtimes": "hetflow.runtime",
     "task_times": "hetflow.tasks", "TaskTimes": "hetflow.tasks", "TaskState": "hetflow.tasks",
-    "cancel": "hetflow.tasks", "task_state": "hetflow.tasks",
-    "keep": "hetflow.resident", "Resident": "hetflow.resident",
+    "cancel": "hetflow.tasks", "task_state": "hetflow.tasks", "task_output": "hetflow.tasks",
+    "keep": "hetflow.resident", "Resident": "hetflow.resident", "TableHandle": "hetflow.tables",
     "InvalidResourceSpec": "hetflow.executors.kernel",
 }
 

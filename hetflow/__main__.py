@@ -53,7 +53,10 @@ def demo(ranks: int = 2, rows: int = 100_000, runtime: str = "mpirun") -> int:
 
 
 def main(argv=None) -> int:
+    from hetflow import __version__
+
     parser = argparse.ArgumentParser(prog="hetflow")
+    parser.add_argument("--version", action="version", version=f"hetflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run the embedded default job under bare mpirun")
     d.add_argument("--ranks", type=int, default=2)

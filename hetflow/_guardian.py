@@ -235,26 +235,23 @@ def sweep(token: str, tracked: Optional[Dict[int, int]] = None, group: Optional[
 
 
 class _MPIShm:
-    """The MPI segments the killed ranks still had linked (Open MPI's; MPICH's of a world
-    killed at its start), removed once they are dead: no rank of theirs reaches
-    MPI_Finalize now; likewise the named semaphores of a killed Parsl worker pool
-    (``_rank.KILLED_TREE_SHM``; hetflow.executors._rank's helpers, nothing to do without
-    them)."""
+    """The MPI segments the killed processes still had linked, removed once they are dead
+    (``hetflow.executors._forensics.ShmSweep``; nothing to do without the executors)."""
 
     def __init__(self):
         try:
-            from hetflow.executors import _rank
+            from hetflow.executors._forensics import ShmSweep
         except ImportError:
-            _rank = None
-        self._rank, self.paths = _rank, set()
+            ShmSweep = None
+        self._sweep = ShmSweep() if ShmSweep is not None else None
 
     def note(self, pid: int) -> None:
-        if self._rank is not None:
-            self.paths |= self._rank.mapped_mpi_shm(pid, self._rank.KILLED_TREE_SHM)
+        if self._sweep is not None:
+            self._sweep.note(pid)
 
     def unlink(self) -> None:
-        if self._rank is not None:
-            self._rank.unlink_mpi_shm(self.paths)
+        if self._sweep is not None:
+            self._sweep.unlink()
 
 
 class Guardian:
@@ -406,20 +403,14 @@ def main(argv: List[str]) -> int:
 
 def _forget_recorded_shm(run_dir: str) -> None:
     """Remove the MPI segments the runtime's ranks on this host recorded in their dirs under
-    ``run_dir`` (``_rank.forget_mpi_shm_names``: Open MPI's, which a rank cannot unlink while
-    its peers may still attach), as the executors do when a world ends. Needed besides the
-    sweep's own look at the ranks' mappings: a pool rank that finds its client gone exits on
-    its own (without MPI_Finalize), sometimes before the sweep reaches it (seen: 2 of 6 runs
-    of the killed-client test under Open MPI left both ranks' segments). The run dir is
-    owner-only; its records are JSON, and only MPI segment paths are taken."""
+    ``run_dir``, as the executors do when a world ends. Needed besides the sweep's look at
+    the ranks' mappings: a pool rank that finds its client gone exits on its own (without
+    MPI_Finalize), sometimes before the sweep reaches it."""
     try:
-        from hetflow.executors.launch import forget_recorded_shm
-        from hetflow.executors.taskdir import TaskDir
+        from hetflow.executors._forensics import forget_recorded_shm_under
     except ImportError:
         return
-    for path, _dirs, files in os.walk(run_dir):
-        if any(TaskDir.is_shm_record(f) for f in files):
-            forget_recorded_shm(TaskDir(path))
+    forget_recorded_shm_under(run_dir)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ class MPIApp(AppBase):
                                       f"{RESOURCES_KWARG}=..., not parsl_resource_specification",
                                       {"parsl_resource_specification"})
         _check_picklable(self.fn.__name__, args, kwargs)
+        _check_resident(self.fn.__name__, resources, args, kwargs)
         dfk = self.data_flow_kernel or DataFlowKernelLoader.dfk()
         _check_fits(self.fn.__name__, resources, dfk, self.executors)
         app_kwargs = dict(self.kwargs)
@@ -116,6 +117,19 @@ def _check_picklable(name: str, args, kwargs) -> None:
             where = f"argument {i}" if i < len(args) else f"keyword {list(kwargs)[i - len(args)]!r}"
             raise ConfigError(f"{where} of MPI app {name!r} cannot be pickled "
                               f"({type(exc).__name__}: {exc})") from exc
+
+
+def _check_resident(name: str, resources: Resources, args, kwargs) -> None:
+    """A pool's kept object can only be used on the ranks that keep it: a task of another
+    size fails here, at the call (a handle that arrives as a future, at its ``result()``)."""
+    from hetflow.resident import Resident, find_handles
+
+    for handle in find_handles(args, kwargs):
+        if isinstance(handle, Resident) and handle.ranks != resources.ranks:
+            raise ConfigError(
+                f"MPI app {name!r}: resident data lives on {handle.ranks} rank(s) (pool slots "
+                f"{list(handle.slots)}), but the task asks for ranks={resources.ranks}: it "
+                "must run on those same ranks")
 
 
 def mpi_app(function: Optional[Callable] = None, *, ranks: int = 1, cores_per_rank: int = 1,

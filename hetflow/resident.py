@@ -16,6 +16,7 @@ Outside the pool (other runtimes, or plain Python) ``keep`` raises
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
@@ -26,6 +27,7 @@ from hetflow.errors import HetflowError, NotSupported
 _local = threading.local()
 _store: Dict[str, Any] = {}
 _pool_uid: Optional[str] = None
+_released: set = set()     # keys dropped by release(): a later use says so (a few bytes each)
 
 
 @dataclass(frozen=True)
@@ -66,9 +68,26 @@ def _resolve(key: str, pool: str, slots, type_name: str = ""):
         return handle          # the client, or a rank outside a task: keep the handle
     if key in _store:
         return _rebind(_store[key], task.get("comm"))
+    return stored(key, handle, type_name)
+
+
+def current_task() -> Optional[dict]:
+    """The pool task running on this rank (None on the client, or outside the pool)."""
+    return getattr(_local, "task", None) if _pool_uid is not None else None
+
+
+def stored(key: str, handle, type_name: str = ""):
+    """The object this rank keeps under ``key`` for ``handle``; ResidentMissing saying why not."""
+    if key in _store:
+        return _store[key]
+    task = current_task() or {}
+    what = f"resident object {key!r} ({type_name or 'object'})"
+    if key in _released:
+        raise ResidentMissing(f"{what} was released (hetflow.resident.release) before this "
+                              "task used it; keep it again to use it")
     raise ResidentMissing(
-        f"resident object {key!r} ({type_name or 'object'}) lives on pool slots {list(slots)}, "
-        f"but this rank is pool slot {task['slot']} (task on slots {list(task['slots'])}): "
+        f"{what} lives on pool slots {list(handle.slots)}, but this rank (pool slot "
+        f"{task.get('slot')}, a task on slots {list(task.get('slots', ()))}) does not hold it: "
         "a task consuming resident data must run on the ranks that made it")
 
 
@@ -107,13 +126,23 @@ def keep(obj: Any) -> Resident:
                     type_name=type(obj).__qualname__)
 
 
-def release(handle: Resident) -> None:
+def release(handle) -> None:
     """Drop a kept object from the ranks holding it (call on the client, with the handle).
 
     Kept objects otherwise live as long as their ranks; a later task given the
-    released handle fails with :class:`ResidentMissing`.
+    released handle fails with :class:`ResidentMissing`. A ``hetflow.TableHandle``
+    is released too: a pool's from its ranks, any other's files removed at once.
     """
-    if not isinstance(handle, Resident):
+    from hetflow.tables import TableHandle
+
+    if isinstance(handle, TableHandle) and not handle.pool:
+        for path in handle.paths:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        return
+    if not isinstance(handle, (Resident, TableHandle)):
         raise TypeError(f"release() takes a Resident handle, got {type(handle).__name__}")
     from parsl.dataflow.dflow import DataFlowKernelLoader
 
@@ -128,6 +157,7 @@ def release(handle: Resident) -> None:
 
 def _drop(key: str) -> None:
     _store.pop(key, None)
+    _released.add(key)
 
 
 # ----------------------------------------------------------------- used by the pool worker
@@ -146,11 +176,14 @@ def _leave_task() -> None:
 
 
 def find_handles(args, kwargs) -> list:
-    """The :class:`Resident` handles among a task's arguments (top level and one level down)."""
+    """The :class:`Resident` handles among a task's arguments (top level and one level down),
+    with the handles of tables a pool's task returned (``hetflow.TableHandle``)."""
+    from hetflow.tables import TableHandle
+
     found = []
 
     def visit(value, depth):
-        if isinstance(value, Resident):
+        if isinstance(value, Resident) or (isinstance(value, TableHandle) and value.pool):
             found.append(value)
         elif depth and isinstance(value, (list, tuple, set, frozenset)):
             for item in value:

@@ -24,17 +24,58 @@ ENTRY_POINT_GROUP = "hetflow.executors"
 _RETRY_BUDGET = 1_000_000
 
 
+#: Runtimes that need an optional extra: name -> (the module it imports, the extra).
+EXTRAS = {"radical": ("radical.pilot", "radical")}
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):     # a missing parent package, or one blocked in sys.modules
+        return False
+
+
+def _missing_extra(name: str) -> Optional[str]:
+    """The install command a runtime's extra needs, or None when it is installed."""
+    module, extra = EXTRAS.get(name, (None, None))
+    if module is None or _importable(module):
+        return None
+    return f"pip install 'hetflow[{extra}]'"
+
+
 def available_runtimes() -> Dict[str, Any]:
-    """Runtime name -> entry point, for every installed hetflow executor."""
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """Runtime name -> entry point, for every hetflow executor installed with what it needs."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)
+            if _missing_extra(ep.name) is None}
 
 
 def executor_class(name: str):
     """The executor class registered under ``name``."""
     found = available_runtimes()
     if name not in found:
+        install = _missing_extra(name)
+        if install is not None:
+            raise ConfigError(f"runtime {name!r} needs the {EXTRAS[name][0]} package, which is "
+                              f"not installed: {install}")
         raise ConfigError(f"unknown runtime {name!r}; installed: {sorted(found)}")
     return found[name].load()
+
+
+def _script_name() -> str:
+    """The file of the first caller outside hetflow and contextlib (what Parsl's own
+    search for a workflow name would find, were hetflow.runtime not in the way)."""
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(here + os.sep) and os.path.basename(path) != "contextlib.py":
+            return os.path.basename(path)
+        frame = frame.f_back
+    return "unnamed"
 
 
 def retryable(exc: BaseException) -> bool:
@@ -74,7 +115,9 @@ def make_config(executor, *, run_dir: str, monitoring=None, memoizer=None, **con
 @contextlib.contextmanager
 def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir: bool = False,
             monitoring=None, memoizer=None, checkpoint: Optional[str] = None,
-            config_options: Optional[dict] = None, **executor_options) -> Iterator[Any]:
+            config_options: Optional[dict] = None, output: Any = "console",
+            progress: Optional[bool] = None, hang_warning_s: Optional[float] = None,
+            **executor_options) -> Iterator[Any]:
     """Start runtime ``name`` (``"mpirun"``, ``"parsl"``, ``"radical"``, ``"pool"``) for the block.
 
     Yields the Parsl DataFlowKernel; MPI apps called inside the block run on it.
@@ -84,7 +127,12 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
     it (``LaunchError.logs``: they stay, and a note on the error says so).
     ``checkpoint`` (a directory) journals every finished task's result there; a
     later runtime with the same directory skips those tasks (see
-    :mod:`hetflow.journal`). Extra keywords go to the executor.
+    :mod:`hetflow.journal`). ``output``: where the ranks' stdout and stderr go
+    (``"console"``: the client's stdout, each line prefixed ``[task N rank R]``;
+    ``"files"``: one file per task in the runtime's dir; ``"off"``; or a text stream).
+    ``progress``: a bar of the block's tasks on stderr (default: when stderr is a
+    terminal). ``hang_warning_s``: seconds after a task's first rank returned before a
+    warning names the ranks still running. Extra keywords go to the executor.
 
     Every process the runtime starts dies with the client, however the client
     ends (``kill -9`` included): a guardian process watches it (see
@@ -94,6 +142,10 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
     import parsl
 
     cls = executor_class(name)
+    if monitoring is not None and getattr(monitoring, "workflow_name", "") is None:
+        # Parsl names the workflow after the first file on the stack that is not its own:
+        # this one. Name it after the user's script instead.
+        monitoring.workflow_name = _script_name()
     if checkpoint is not None:
         if memoizer is not None:
             raise ConfigError("give either checkpoint= or memoizer=, not both")
@@ -110,8 +162,16 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
     # Before any executor starts: everything it starts carries the guardian's token, so
     # it all dies with the client, however the client dies (see hetflow._guardian).
     guardian = Guardian(base, remove=owned and not keep_run_dir)
+    campaign = None
     try:
         executor = cls(**executor_options)
+        executor.output = output
+        if hang_warning_s is not None:
+            executor.hang_warning_s = hang_warning_s
+        from hetflow import _progress
+
+        if progress or (progress is None and _progress.enabled()):
+            campaign = executor.progress = _progress.Campaign(name)
         config = make_config(executor, run_dir=os.path.join(base, "runinfo"), monitoring=monitoring,
                              memoizer=memoizer, **(config_options or {}))
         # Parsl's run info, logs and certificates, and the processes the executor starts
@@ -122,6 +182,8 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
         dfk.hetflow_token = guardian.token
     except BaseException as exc:
         guardian.stop()
+        if campaign is not None:
+            campaign.close()
         if owned and not keep_run_dir:
             if any(within(str(p), base) for p in getattr(exc, "logs", ())):
                 # The error points at logs in the run dir (a launcher's stderr, a pilot's
@@ -137,6 +199,8 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
         try:
             dfk.cleanup()
         finally:
+            if campaign is not None:
+                campaign.close()
             parsl.clear()
             try:
                 # What the executors' shutdown ended may still be exiting: the close

@@ -117,3 +117,24 @@ def test_docs_show_the_debug_runtime_as_it_is():
     blocks = [b for b in re.findall(r"```python\n(.*?)```", section, re.S)
               if b.startswith("class DebugExecutor")]
     assert len(blocks) == 1 and blocks[0].rstrip() == inspect.getsource(DebugExecutor).rstrip()
+
+
+@hetflow.mpi_app(ranks=1)
+def table_of(comm, rows):
+    from hetflow import frame
+
+    return frame.generate(comm, rows, seed=5)
+
+
+@hetflow.mpi_app(ranks=1)
+def column_sum(comm, table):
+    return table.num_rows(), int(table.local.column("key").to_numpy().sum())
+
+
+def test_a_returned_table_is_handed_over(dfk):
+    from hetflow.frame._table import synthetic_partition
+
+    handle = table_of(100).result()
+    expected = synthetic_partition(0, 1, 100, seed=5)
+    assert column_sum(handle).result() == (100, int(expected.column("key").to_numpy().sum()))
+    assert handle.to_arrow().equals(expected)

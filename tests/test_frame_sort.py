@@ -23,15 +23,15 @@ if MODE != "batched":
     # to 32 bits), on these small cases; "searched": a splitter search as beyond 9 ranks;
     # "mixed": rank 0's partitions count as large, the others' as small (ranks whose
     # partitions lie on both sides of the bound must still take one path together)
-    from hetflow.frame import _exchange, _ops
+    from hetflow.frame import _exchange, _prepare, _sort
     if MODE != "mixed" or rank == 0:
-        _ops.BATCH_BYTES = -1
+        _prepare.BATCH_BYTES = -1
     if MODE == "searched":
         _exchange._SCAN_PARTS = 0
     if MODE in ("searched", "mixed"):
         # as many splitter samples as a rank has rows (every rank alike: the samples' gather
         # has one size everywhere), ordered by the radix argsort as large sample sets are
-        _ops.ROWS_PER_SAMPLE, _ops.RADIX_SAMPLES = 1, 0
+        _sort.ROWS_PER_SAMPLE, _sort.RADIX_SAMPLES = 1, 0
 EVERY_ROW_SAMPLED = MODE in ("searched", "mixed")
 
 def check(label, make, by, ascending=True, balance_bound=None):
@@ -152,7 +152,7 @@ def test_sort_matches_polars(ranks, mode):
 
 
 def test_larger_partitions_take_more_splitter_samples_within_a_bound():
-    from hetflow.frame._ops import _samples_per_rank
+    from hetflow.frame._sort import _samples_per_rank
     assert _samples_per_rank(2, 200_000) == 1024          # the weak experiment: as before
     assert _samples_per_rank(2, 4_000_000) == 7812        # 2M rows per rank: one per 256
     assert _samples_per_rank(1024, 10**12) == 256         # all samples of all ranks: 2**18

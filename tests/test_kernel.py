@@ -34,7 +34,7 @@ class Threads(Executor):
     def _run(self, task):
         from mpi4py import MPI
 
-        self._complete(task, {0: run_on_rank(task.payload, MPI.COMM_SELF)})
+        self.complete(task, {0: run_on_rank(task.payload, MPI.COMM_SELF)})
 
     def _stop(self, task, error):
         self.stops.append((task.id, type(error).__name__))

@@ -30,7 +30,9 @@ def test_parsl_monitoring_records_mpi_apps(tmp_path):
     with sqlite3.connect(db) as con:
         names = sorted(r[0] for r in con.execute("SELECT task_func_name FROM task"))
         states = {r[0] for r in con.execute("SELECT task_status_name FROM status")}
+        workflows = [r[0] for r in con.execute("SELECT workflow_name FROM workflow")]
     assert names == ["counted", "noop"]
+    assert workflows == [os.path.basename(__file__)]     # the user's script, not hetflow's
     assert "exec_done" in states
 
 

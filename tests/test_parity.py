@@ -92,6 +92,27 @@ def collective_deadlock(comm):
     return "unreachable"
 
 
+@hetflow.mpi_app(ranks=2, walltime=5)
+def collective_on_rank_zero_alone(comm):
+    if comm.Get_rank() == 0:
+        comm.allreduce(1)       # the natural mistake: a collective inside ``if rank == 0``
+    return "rank 1 returns at once"
+
+
+@hetflow.mpi_app(ranks=2, returns="all")
+def chatty(comm, lines):
+    import logging
+    import sys
+
+    rank = comm.Get_rank()
+    for i in range(lines):
+        sys.stdout.write(f"line {i} of rank {rank}, ")   # one line in two writes
+        sys.stdout.flush()
+        print("whole")
+    logging.getLogger("a-task").warning("logged by rank %d", rank)
+    return rank
+
+
 @hetflow.mpi_app(ranks=1)
 def mark_and_sleep(comm, path, seconds):
     open(path, "w").close()
@@ -193,6 +214,44 @@ def test_collective_deadlock_ended_by_walltime(runtime_name, executor):
         collective_deadlock().result()
 
 
+def test_rank_zero_alone_in_a_collective_is_explained(runtime_name, executor, caplog,
+                                                      monkeypatch):
+    # While it hangs, a warning names the rank that returned; when the walltime stops it,
+    # the error carries rank 0's stack at the collective (issue 34).
+    if _expect_unsupported(executor, "walltime"):
+        pytest.skip(executor.unsupported["walltime"])
+    monkeypatch.setattr(executor, "hang_warning_s", 0.2)
+    caplog.set_level("WARNING", logger="hetflow.tasks")
+    fut = collective_on_rank_zero_alone()
+    with pytest.raises(hetflow.WalltimeExceeded) as info:
+        fut.result()
+    error = info.value
+    assert set(error.stacks) == {0}, str(error)
+    assert "comm.allreduce(1)" in error.stacks[0] and "allreduce" in str(error)
+    assert "rank(s) [1] returned" in str(error)
+    times = hetflow.task_times(fut)
+    assert list(times.returned) == [1]
+    warned = [r for r in caplog.records if r.name == "hetflow.tasks"
+              and f"task {error.task_id} " in r.getMessage()]
+    assert len(warned) == 1 and "rank(s) [1] returned" in warned[0].getMessage(), \
+        [r.getMessage() for r in caplog.records]
+    assert "rank(s) [0] were still running" in warned[0].getMessage()
+    assert warned[0].created < times.delivered
+
+
+def test_rank_output_reaches_the_client_prefixed(runtime_name, capsys):
+    fut = chatty(3)
+    assert fut.result() == [0, 1]
+    task = fut.task_record["exec_fu"].hetflow_task.id
+    printed = capsys.readouterr().out.splitlines()
+    for rank in (0, 1):
+        prefix = f"[task {task} rank {rank}] "
+        mine = [line[len(prefix):] for line in printed if line.startswith(prefix)]
+        assert mine[:3] == [f"line {i} of rank {rank}, whole" for i in range(3)], printed
+        assert mine[3:] == [f"logged by rank {rank}"], printed
+    assert f"[task {task} rank 1] line 2 of rank 1, whole\n" in hetflow.task_output(fut)
+
+
 def test_cancel_running_task(runtime_name, executor):
     with tempfile.TemporaryDirectory() as tmp:
         marker = os.path.join(tmp, "running")
@@ -211,6 +270,50 @@ def test_cancel_running_task(runtime_name, executor):
         with pytest.raises(hetflow.TaskCancelled):
             fut.result(timeout=45)
         assert time.time() - start < 45
+
+
+# ----------------------------------------------------------------------------- tables handed over
+@hetflow.mpi_app(ranks=2)
+def make_table(comm, rows):
+    from hetflow import frame
+
+    return frame.generate(comm, rows, seed=7)
+
+
+@hetflow.mpi_app(ranks=3, returns="all")
+def local_parts(comm, table):
+    assert table.comm.Get_size() == comm.Get_size()
+    return table.local, table.num_rows()
+
+
+def test_returned_table_is_handed_whole_to_a_3_rank_task_and_the_client(runtime_name,
+                                                                         executor):
+    import pyarrow as pa
+
+    from hetflow.frame._table import synthetic_partition
+
+    whole = pa.concat_tables([synthetic_partition(r, 2, 500, seed=7) for r in range(2)])
+    handle = make_table(500).result()
+    assert isinstance(handle, hetflow.TableHandle)
+    assert handle.ranks == 2 and handle.rows == (500, 500)
+    parts = local_parts(handle).result()                 # re-partitioned over 3 ranks
+    assert [n for _, n in parts] == [1000] * 3
+    assert [t.num_rows for t, _ in parts] == [333, 333, 334]
+    assert pa.concat_tables([t for t, _ in parts]).equals(whole)   # rows, values and order
+    same = local_parts.options(ranks=2)(handle).result()          # kept as it was
+    assert [t.equals(synthetic_partition(r, 2, 500, seed=7)) for r, (t, _) in enumerate(same)] \
+        == [True, True]
+    assert handle.to_arrow().equals(whole)
+    tables_dir = os.path.join(executor.run_root, "tables")
+    if runtime_name == "pool":
+        assert handle.pool == executor.uid and not handle.paths
+        assert not os.path.exists(tables_dir)            # kept in the ranks: no file written
+        from hetflow.resident import release
+
+        release(handle)
+    else:
+        assert all(p.startswith(tables_dir + os.sep) for p in handle.paths)
+        assert {os.stat(p).st_mode & 0o777 for p in handle.paths} == {0o600}
 
 
 def test_more_ranks_than_the_runtime_has(runtime_name, executor):

@@ -101,7 +101,7 @@ def test_importing_the_engine_does_not_initialise_mpi(tmp_path):
     # Importing mpi4py.MPI initialises MPI. A client that imports the engine beside its apps
     # must not become an MPI singleton: every process it forks would leave MPICH's segment in
     # /dev/shm. The engine imports it when a rank first calls it.
-    modules = modules_after("from hetflow import frame\nimport hetflow.frame._ops", tmp_path)
+    modules = modules_after("from hetflow import frame\nimport hetflow.frame._join", tmp_path)
     assert "hetflow.frame._exchange" in modules
     assert "mpi4py.MPI" not in modules
 

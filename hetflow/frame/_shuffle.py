@@ -1,0 +1,38 @@
+"""Hash partitioning: every row to rank ``hash(keys) % size`` (the other operations' first step)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import pyarrow as pa
+
+from hetflow.frame import _backend, _check, _exchange, _hash
+from hetflow.frame._prepare import prepare, require_table
+from hetflow.frame._table import DistributedTable
+
+
+def shuffle_local(comm, table: pa.Table, keys: Sequence[str], backend: str) -> pa.Table:
+    """Exchange rows so that every row lands on rank ``hash(keys) % size`` (collective)."""
+    size = comm.Get_size()
+    if size == 1:
+        return table
+    xp = _backend.array_module(backend)
+    dest = _hash.partition_of(xp, table, keys, size)
+    order, offsets = _exchange.split_by(dest, size)
+    del dest
+    return _exchange.exchange_rows(comm, table, order, offsets)
+
+
+def shuffle(table: DistributedTable, on, *, backend: Optional[str] = None) -> DistributedTable:
+    """Hash-partition ``table`` by the ``on`` columns: equal keys land on the same rank.
+
+    The destination depends only on the key values (never on the process), so two tables
+    shuffled on keys of the same types are co-partitioned. Rows keep their relative order
+    within each source rank; received rows are ordered by source rank.
+    """
+    table = require_table(table, "shuffle: table")
+    names = _check.key_names(on, "shuffle")
+    prep = prepare("shuffle", [table], [names], backend=backend)
+    if prep.pycylon:
+        from hetflow.frame import _pycylon
+        return _pycylon.shuffle(table, names)
+    return prep.result(shuffle_local(table.comm, table.local, names, prep.backend))

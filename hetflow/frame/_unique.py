@@ -1,0 +1,34 @@
+"""Distinct rows: a shuffle on the subset's columns, then each key's first occurrence."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from hetflow.frame import _arrays, _check
+from hetflow.frame._groupby import group_by
+from hetflow.frame._prepare import prepare, require_table
+from hetflow.frame._shuffle import shuffle_local
+from hetflow.frame._table import DistributedTable
+
+
+def unique(table: DistributedTable, subset=None, *,
+           backend: Optional[str] = None) -> DistributedTable:
+    """Drop rows whose ``subset`` columns (default: all) repeat, keeping each first occurrence
+    in the ranks-in-order concatenation of the input."""
+    table = require_table(table, "unique: table")
+    schema = table.local.schema
+    names = list(schema.names) if subset is None else _check.key_names(subset, "unique")
+    prep = prepare("unique", [table], [names], backend=backend)
+    if prep.pycylon:
+        from hetflow.frame import _pycylon
+        return _pycylon.unique(table, names)
+    shuffled = shuffle_local(table.comm, table.local, names, prep.backend)
+    marker = "__hetflow_row"
+    while marker in schema.names:
+        marker += "_"
+    indexed = shuffled.select(names).append_column(
+        marker, _arrays.arrow_of(np.arange(shuffled.num_rows, dtype=np.int64)))
+    first = group_by(indexed, names).aggregate([(marker, "min")])
+    keep = np.sort(_arrays.to_numpy(first.column(f"{marker}_min")))
+    return prep.result(shuffled.take(_arrays.arrow_of(keep)))
