@@ -13,6 +13,10 @@ ENGINE_TESTS := test_frame_join.py test_frame_sort.py test_frame_ops.py test_fra
 LOWEST ?= .venv-lowest
 OPENMPI ?= .venv-openmpi
 OMPI_MPIEXEC ?= /usr/bin/mpiexec.openmpi
+# The test extra's torch, as the CPU build from the machine's wheel folder: installed before
+# the extra, so uv finds its range satisfied instead of downloading PyPI's CUDA build (~3 GB).
+TORCH_CPU ?= torch==2.13.0
+WHEELS ?= $(or $(PIP_FIND_LINKS),/opt/wheels)
 
 .PHONY: demo test test-main test-lowest test-openmpi openmpi slurm-up slurm-down
 
@@ -40,7 +44,9 @@ test: test-main
 # itself is always rebuilt (uv would reuse a cached build of this directory). The remapped
 # hetflow.executors package must import both ways: test-openmpi runs on an editable install.
 test-main: $(UV)
+	$(UV) pip install -q --python $(PY) --find-links $(WHEELS) '$(TORCH_CPU)'
 	$(UV) pip install -q --compile-bytecode --reinstall-package hetflow --python $(PY) '.[test]'
+	$(PY) -c "import torch; print('torch', torch.__version__)"
 	cd tests && ../$(PY) -c "import hetflow.executors.mpirun as m; assert 'site-packages' in m.__file__, m.__file__"
 	$(call PYTEST,$(VENV)) --durations=25
 

@@ -23,6 +23,8 @@ KINDS = {
     "overhead": "per_rank",   # rows per rank of the one task, one size per entry
     "pilot": "per_rank",      # rows per rank: the pair uses the last, the campaign cycles
     "peers": "total",         # total rows of each table, one size per entry
+    "analytics": "total",     # rows of the big table, one size per entry
+    "paper": "per_rank",      # rows per rank of the weak cases (strong: ``strong_rows``)
 }
 OPS = ("join", "sort")
 
@@ -46,6 +48,12 @@ class ExperimentConfig:
     peers: Tuple[str, ...] = ("pyarrow", "polars", "duckdb")
     baseline: str = "mpirun"
     executor_options: Dict[str, dict] = field(default_factory=dict)
+    #: (analytics) the queries to run, by name; empty: all of them
+    queries: Tuple[str, ...] = ()
+    #: (paper) total rows of the strong cases, divided over ``ranks``
+    strong_rows: Tuple[int, ...] = ()
+    #: (paper) whether ``hetflow bench all`` runs it (the paper's scale takes minutes and GiBs)
+    in_all: bool = True
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -64,6 +72,16 @@ class ExperimentConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"experiment {self.name!r}: {name} must be a positive int, "
                                   f"got {value!r}")
+        if self.kind == "analytics":
+            from hetflow.experiments.analytics import QUERIES
+
+            unknown = sorted(set(self.queries) - {q.name for q in QUERIES})
+            if unknown:
+                raise ConfigError(f"experiment {self.name!r}: unknown queries {unknown}; expected "
+                                  f"some of {[q.name for q in QUERIES]}")
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.strong_rows):
+            raise ConfigError(f"experiment {self.name!r}: strong_rows must be positive ints, got "
+                              f"{list(self.strong_rows)!r}")
         if not 0 < self.unique <= 1:
             raise ConfigError(f"experiment {self.name!r}: unique must be in (0, 1], got {self.unique}")
         if self.kind == "strong":

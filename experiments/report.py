@@ -14,7 +14,7 @@ import statistics
 from collections import defaultdict
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-ORDER = ("weak", "strong", "overhead", "pilot", "pilot_slurm", "peers")
+ORDER = ("weak", "strong", "overhead", "pilot", "pilot_slurm", "peers", "analytics", "paper")
 #: Paper figures quoted next to ours.
 PAPER = {
     "weak": "paper: 35 M rows per rank, up to thousands of ranks on Rivanna/Summit",
@@ -312,8 +312,116 @@ def _peers(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     return lines, _plot_peers(tasks, execs, out_dir, stem, hetflow_execs)
 
 
+def _analytics(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
+    tasks = [r for r in rows if r.get("kind") == "task"]
+    cfg = run.get("config", {})
+    peers = [p for p in (cfg.get("peers") or []) if any(r["executor"] == p for r in tasks)]
+    hetflow_execs = [e for e in _executors_in(tasks, run) if e not in peers]
+    queries = []
+    for r in tasks:
+        if r["op"] not in queries:
+            queries.append(r["op"])
+    lines = []
+    for executor in hetflow_execs:
+        for (rows_n, ranks), grp in sorted(_group([r for r in tasks if r["executor"] == executor],
+                                                  "rows", "ranks").items()):
+            body, ratios = [], []
+            for q in queries:
+                mine = [r for r in grp if r["op"] == q]
+                theirs = {p: [r for r in tasks if r["executor"] == p and r["op"] == q
+                              and r["rows"] == rows_n and r.get("threads") == ranks] for p in peers}
+                if not mine:
+                    continue
+                h = median(mine, "op_s")
+                best = min((median(v, "op_s") for v in theirs.values() if median(v, "op_s")),
+                           default=None)
+                ratio = h / best if h is not None and best else None
+                if ratio is not None:
+                    ratios.append(ratio)
+                every = mine + [r for v in theirs.values() for r in v]
+                equal = "yes" if all(r.get("equal") for r in every) else "**no**: " + "; ".join(
+                    f"{r['executor']}: {r.get('mismatch')}" for r in every if not r.get("equal"))
+                body.append([q, fmt(h)] + [fmt(median(theirs[p], "op_s")) for p in peers] + [
+                    f"**{ratio:.2f}**" if ratio is not None and ratio > 1 else
+                    (f"{ratio:.2f}" if ratio is not None else "–"),
+                    fmt(median(mine, "peak_rss_mb")), fmt(median(mine, "partition_mb")),
+                    fmt(median(mine, "peak_over_partition")),
+                    fmt(median([{"d": r["peak_rss_mb"] - r["rss_before_mb"]} for r in mine
+                                if "rss_before_mb" in r], "d"))]
+                    + [fmt(median(theirs[p], "peak_rss_mb")) for p in peers]
+                    + [f"{mine[0].get('rows_out', 0):,}", equal])
+            lines += [f"{rows_n:,} rows, hetflow at {ranks} ranks through `{executor}` against "
+                      f"{', '.join(peers)} on {ranks} threads each:", ""]
+            lines += _table(["Query", f"hetflow {ranks} ranks (s)"] + [f"{p} (s)" for p in peers]
+                            + ["hetflow / faster peer", "hetflow peak RSS per rank (MiB)",
+                               "partition per rank (MiB)", "peak / partition",
+                               "hetflow peak above its resident set before (MiB)"]
+                            + [f"{p} peak RSS (MiB)" for p in peers] + ["Rows out", "Equal"], body)
+            if ratios:
+                lines += [f"hetflow / faster peer: {min(ratios):.2f}–{max(ratios):.2f} over "
+                          f"{len(ratios)} queries, {sum(r <= 1.0 for r in ratios)} at or below 1.0.",
+                          ""]
+    lines += ["Times: median over the run's repeats of each query (hetflow: `barrier; t0; query; "
+              "barrier; t1`; peers: the query materialised as a table), data already in memory. "
+              "Peak RSS: the process's peak resident set during the query's first run (reset "
+              "before it), the input included; partition: the rank's part of the big table (all "
+              "its columns) plus its part of the query's right-hand table; peak above: the "
+              "query's own memory, the peak less the resident set just before the query. Equal: group-by results compared with the "
+              "first peer's after sorting by the keys (floats to a relative 1e-9), join results by "
+              "an order-independent digest of every row.", ""]
+    return lines, []
+
+
+#: The paper's bare-metal Cylon figures on Summit (rows per second per rank), by (mode, op).
+#: Empty: they were not found in the sources this project could reach (the report says so);
+#: figures are added here only as read from the paper.
+PAPER_SUMMIT: Dict[Tuple[str, str], float] = {}
+
+
+def _paper(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
+    tasks = [r for r in rows if r.get("kind") == "task"]
+    execs = _executors_in(tasks, run)
+    body = []
+    for mode in ("weak", "strong"):
+        for (executor, op, ranks, per_rank), grp in sorted(
+                _group([r for r in tasks if mode in (r.get("modes") or [])],
+                       "executor", "op", "ranks", "rows_per_rank").items(),
+                key=lambda kv: (execs.index(kv[0][0]), kv[0][1], kv[0][2])):
+            t = median(grp, "op_mean_s")
+            rate = per_rank / t if t else None
+            partition_mb = per_rank * 16 * (2 if op == "join" else 1) / 2**20
+            peak = median(grp, "peak_rss_mb")
+            paper = PAPER_SUMMIT.get((mode, op))
+            body.append([mode, executor, op, ranks, f"{per_rank:,}", f"{per_rank * ranks:,}",
+                         stat(grp, "op_mean_s"), f"{rate / 1e6:.2f}" if rate else "–",
+                         f"{paper / 1e6:.2f}" if paper else "not found", fmt(peak),
+                         fmt(partition_mb), f"{peak / partition_mb:.2f}" if peak else "–",
+                         stat(grp, "total_s"), len(grp)])
+    lines = _table(["Mode", "Executor", "Op", "Ranks", "Rows/rank", "Rows total", "Op time (s)",
+                    "M rows/s/rank", "Paper, Summit bare metal (M rows/s/rank)",
+                    "Peak RSS/rank (MiB)", "Partition/rank (MiB)", "Peak / partition",
+                    "Task total (s)", "n"], body)
+    run_times = [r for r in rows if r.get("kind") == "executor_time"]
+    total = next((r["seconds"] for r in rows if r.get("kind") == "run_time"), None)
+    if run_times or total:
+        lines += ["Run time: " + ", ".join(f"{r['executor']} {fmt(r['seconds'])} s"
+                                           for r in run_times)
+                  + (f"; the whole experiment {fmt(total)} s." if total else "."), ""]
+    lines += ["Rows/s/rank: rows per rank / op time (one iteration, mean over ranks). Peak RSS: "
+              "the rank's peak resident set over the task (data generation included), the "
+              "largest over ranks; partition: its input tables' bytes (two int64 columns, both "
+              "tables for a join). A strong case with as many rows per rank as a weak one is "
+              "the same task, run once and listed under both. "
+              + ("Paper: the bare-metal Cylon figures on Summit as read from the paper."
+                 if PAPER_SUMMIT else
+                 "Paper: the Summit bare-metal figures were not found in the sources this "
+                 "project could search (the paper's tables were not among them); none are "
+                 "quoted rather than guessed."), ""]
+    return lines, []
+
+
 SECTIONS = {"weak": _scaling, "strong": _scaling, "overhead": _overhead, "pilot": _pilot,
-            "peers": _peers}
+            "peers": _peers, "analytics": _analytics, "paper": _paper}
 
 
 # --------------------------------------------------------------------------- plots

@@ -408,8 +408,97 @@ def run_peers(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def run_analytics(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
+    """The analytics queries in hetflow (one MPI task per size and rank count, through each
+    runtime) and in each peer limited to as many threads; every result checked against the
+    first peer's (see :mod:`hetflow.experiments.analytics`)."""
+    import hetflow
+    from hetflow.experiments import analytics
+
+    for rows in cfg.rows:
+        for ranks in cfg.ranks:
+            root = tempfile.mkdtemp(prefix="hetflow-analytics-")
+            try:
+                records = {}
+                for executor in _executors(cfg):
+                    with runtime_session(cfg, executor, rec, max(ranks, cores())) as session:
+                        note = f"{executor} ranks={ranks} rows={rows:,}"
+                        if session is None:
+                            progress.step(note + ": not run", skipped=True)
+                            continue
+                        try:
+                            app = hetflow.mpi_app(analytics.hetflow_task, ranks=ranks)
+                            future = app(rows, cfg.repeats, root, list(cfg.queries), executor)
+                            records[executor] = future.result(timeout=TASK_TIMEOUT_S)
+                        except Exception as exc:  # noqa: BLE001 - recorded; the peers still run
+                            rec.write(kind="error", experiment=cfg.name, executor=executor,
+                                      stage="task", ranks=ranks, rows=rows, error=_first_line(exc))
+                            progress.step(note, error=True)
+                            continue
+                        progress.step(note)
+                for engine in cfg.peers:
+                    args = {"engine": engine, "rows": rows, "repeats": cfg.repeats,
+                            "out_dir": root, "threads": ranks, "queries": list(cfg.queries)}
+                    note = f"{engine} threads={ranks} rows={rows:,}"
+                    try:
+                        records[engine], _ = _subprocess_report(
+                            [sys.executable, "-m", "hetflow.experiments.analytics",
+                             json.dumps(args)], analytics.peer_environment(ranks))
+                    except Exception as exc:  # noqa: BLE001 - one failed peer is a result row
+                        rec.write(kind="error", experiment=cfg.name, executor=engine,
+                                  stage="task", ranks=ranks, rows=rows, error=_first_line(exc))
+                        progress.step(note, error=True)
+                        continue
+                    progress.step(note)
+                reference = next((p for p in cfg.peers if p in records), None)
+                checks = analytics.check(records, root, reference) if reference else {}
+                for engine, recs in records.items():
+                    hetflow_run = engine not in cfg.peers
+                    for name, record in recs.items():
+                        mismatch = checks.get(engine, {}).get(name, "not checked")
+                        rec.write(**{**record, **dict(
+                            kind="task", experiment=cfg.name, executor=engine, op=name,
+                            ranks=ranks if hetflow_run else 1, threads=None if hetflow_run else ranks,
+                            rows=rows, repeats=cfg.repeats, reference=reference,
+                            equal=mismatch is None, mismatch=mismatch)})
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+
+
+def _paper_cases(cfg) -> List[dict]:
+    """The weak cases (``rows`` per rank) and the strong ones (``strong_rows`` in total) over
+    ``cfg.ranks``; a strong case of the same rows per rank as a weak one is run once, for both."""
+    cases, seen = [], {}
+    for mode, sizes in (("weak", cfg.rows), ("strong", cfg.strong_rows)):
+        for size in sizes:
+            for ranks in cfg.ranks:
+                per_rank = size if mode == "weak" else size // ranks
+                for op in cfg.ops:
+                    if (ranks, per_rank, op) in seen:
+                        seen[(ranks, per_rank, op)]["modes"].append(mode)
+                        continue
+                    case = dict(ranks=ranks, rows_per_rank=per_rank, op=op, modes=[mode])
+                    seen[(ranks, per_rank, op)] = case
+                    cases.append(case)
+    return cases
+
+
+def run_paper(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
+    """The paper's weak and strong experiments at its per-rank scale, through each runtime in
+    turn (one at a time: one runtime's ranks hold the machine's memory at once)."""
+    cases = [dict(repeat=repeat, ranks=c["ranks"], rows_per_rank=c["rows_per_rank"], op=c["op"],
+                  modes=list(c["modes"]))
+             for repeat in range(cfg.repeats) for c in _paper_cases(cfg)]
+    for executor in _executors(cfg):
+        t0 = time.perf_counter()
+        _run_cases(cfg, rec, progress, executor, cases)
+        rec.write(kind="executor_time", experiment=cfg.name, executor=executor,
+                  seconds=time.perf_counter() - t0)
+
+
 RUNNERS: dict = {"weak": run_scaling, "strong": run_scaling, "overhead": run_overhead,
-                 "pilot": run_pilot, "peers": run_peers}
+                 "pilot": run_pilot, "peers": run_peers, "analytics": run_analytics,
+                 "paper": run_paper}
 
 
 def planned_steps(cfg: ExperimentConfig) -> int:
@@ -421,6 +510,10 @@ def planned_steps(cfg: ExperimentConfig) -> int:
         return len(cfg.executors) * _overhead_tasks(cfg)
     if cfg.kind == "pilot":
         return n_exec * _pilot_tasks(cfg)
+    if cfg.kind == "analytics":
+        return len(cfg.rows) * len(cfg.ranks) * (n_exec + len(cfg.peers))
+    if cfg.kind == "paper":
+        return n_exec * cfg.repeats * len(_paper_cases(cfg))
     per = cfg.repeats * len(cfg.rows) * len(cfg.ops)
     return n_exec * per * len(cfg.ranks) + per * len(cfg.peers)
 
@@ -431,7 +524,9 @@ def run_experiment(cfg: ExperimentConfig, rec: Recorder, *, argv: Optional[list]
     rec.write(kind="run", experiment=cfg.name, config=cfg.as_dict(), argv=list(argv or []),
               cores=cores())
     progress = Progress(cfg.name, planned_steps(cfg), stream=stream)
+    t0 = time.perf_counter()
     try:
         RUNNERS[cfg.kind](cfg, rec, progress)
     finally:
         progress.close()
+        rec.write(kind="run_time", experiment=cfg.name, seconds=time.perf_counter() - t0)

@@ -137,6 +137,11 @@ class SchemaMismatch(InputError):
     """Ranks' partitions, or the two sides of a join, disagree on column types."""
 
 
+class NullValues(InputError):
+    """A column handed to a consumer that cannot take nulls (a tensor) has some; the message
+    names it (raised on every rank)."""
+
+
 class BackendUnavailable(ResourcesUnavailable):
     """A compute backend (GPU via cupy, pycylon) was requested but cannot run here."""
 

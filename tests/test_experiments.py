@@ -250,3 +250,65 @@ def test_contention_experiment_reports_what_each_rank_got(tmp_path):
     for _, _, ms, share, _, others, paused in rows:
         assert float(ms) > 0 and 0 < float(share) <= 1.05 and float(others) <= 2 * os.cpu_count()
         assert paused == "0"   # only the radical task pauses anything, and only when asked
+
+
+@pytest.mark.timeout(400)
+def test_analytics_and_paper_scale_configs_run_small(tmp_path):
+    # The two by-name benchmarks at a small size, into one results file: the analytics queries
+    # in hetflow (2 ranks through mpirun) and both peers, every result equal across engines;
+    # the paper-scale weak and strong cases with peak memory and the run time.
+    for name in ("analytics", "paper"):
+        proc = _bench([name, "--quick", "--no-plots", "--out", str(tmp_path)], tmp_path,
+                      timeout=360)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = load_rows(tmp_path / "results.jsonl")
+    assert not [r for r in rows if r["kind"] in ("error", "skipped")]
+    runs = latest_runs(rows)
+    from hetflow.experiments.analytics import QUERIES
+
+    tasks = [r for r in runs["analytics"] if r["kind"] == "task"]
+    assert {(r["executor"], r["op"]) for r in tasks} == {
+        (e, q.name) for e in ("mpirun", "polars", "duckdb") for q in QUERIES}
+    assert all(r["equal"] for r in tasks), [(r["executor"], r["op"], r["mismatch"])
+                                            for r in tasks if not r["equal"]]
+    assert {r["ranks"] for r in tasks if r["executor"] == "mpirun"} == {2}
+    assert all(r["peak_rss_mb"] > 0 and r["partition_mb"] > 0 for r in tasks)
+    paper = [r for r in runs["paper"] if r["kind"] == "task"]
+    assert {(r["op"], r["ranks"], r["rows_per_rank"]) for r in paper} == {
+        (op, ranks, per) for op in ("join", "sort") for ranks, per in
+        ((1, 5_000), (2, 5_000), (1, 10_000))}
+    assert all(r["modes"] == (["weak", "strong"] if r["ranks"] == 2 else
+                              ["weak"] if r["rows_per_rank"] == 5_000 else ["strong"])
+               for r in paper)
+    report = (tmp_path / "report.md").read_text()
+    tables = {}
+    for section, header, body in _tables(report):
+        tables.setdefault(section, (header, body))   # the section's own table, not the sessions
+    header, body = tables["analytics"]
+    assert [row[0] for row in body] == [q.name for q in QUERIES]
+    ratio = header.index("hetflow / faster peer")
+    assert all(float(row[ratio].strip("*")) > 0 for row in body)
+    assert all(row[header.index("Equal")] == "yes" for row in body)
+    header, body = tables["paper"]
+    assert len(body) == 8  # weak: 1 and 2 ranks; strong: 1 and 2 ranks; join and sort each
+    assert all(float(row[header.index("Peak / partition")]) > 0 for row in body)
+    assert re.search(r"Run time: mpirun [0-9.]+ s; the whole experiment [0-9.]+ s\.", report)
+
+
+def test_analytics_checks_catch_a_wrong_result():
+    # The cross-engine checks themselves: a changed value, a lost row and reordered rows.
+    import pyarrow as pa
+    from hetflow.experiments import analytics
+
+    q = analytics.QUERIES[0]
+    ref = pa.table({"id_lo": ["a", "b", None], "v_int_sum": [1, 2, 3], "v_float_mean": [0.5, 1.0, None]})
+    assert analytics.compare(ref, ref.take([2, 0, 1]), q) is None
+    assert analytics.compare(ref, ref.set_column(1, "v_int_sum", pa.array([1, 2, 4])), q)
+    assert analytics.compare(ref, ref.set_column(2, "v_float_mean", pa.array([0.5, 1.01, None])), q)
+    assert analytics.compare(ref, ref.slice(0, 2), q)
+    assert analytics.digest(ref) == analytics.digest(ref.take([1, 2, 0]))
+    parts = analytics.combine_digests([analytics.digest(ref.slice(0, 1)),
+                                       analytics.digest(ref.slice(1))])
+    assert parts == analytics.digest(ref)
+    assert analytics.digest(ref) != analytics.digest(ref.set_column(1, "v_int_sum",
+                                                                    pa.array([1, 3, 2])))

@@ -71,6 +71,21 @@ for seed, how in itertools.product(range(4), ["inner", "left", "right", "outer"]
           dict(kw, seed=seed + 1100, null_rate=0), how, on="ts")
     check(f"heavy duplicates seed={seed}", dict(kw, key_range=2, rows=40),
           dict(kw, seed=seed + 900, key_range=2, rows=30), how, on="k")
+    # a right side this small is sent to every rank (inner, left) instead of shuffled
+    check(f"small right, string key seed={seed}", dict(kw, rows=40),
+          dict(kw, seed=seed + 1200, rows=2), how, on="s")
+    check(f"small right, int key no nulls seed={seed}", dict(kw, rows=40, null_rate=0),
+          dict(kw, seed=seed + 1300, rows=2, null_rate=0), how, on="k")
+
+if size > 1:
+    # the broadcast join leaves every left row on its rank
+    lpart = random_part(seed=7, rank=rank, rows=50, key_range=5, null_rate=0)
+    dim = pa.table({"k": pa.array(range(5) if rank == 0 else [], pa.int64()),
+                    "name": pa.array([f"n{i}" for i in range(5)] if rank == 0 else [], pa.string())})
+    out = frame.join(frame.from_local(comm, lpart), frame.from_local(comm, dim), on="k", how="left")
+    stayed = sorted(out.local.column("v").to_pylist()) == sorted(lpart.column("v").to_pylist())
+    if not comm.allreduce(stayed, op=MPI.LAND):
+        failures.append("small right side: the left rows moved (not broadcast)")
 
 mpiutil.report({"failures": failures, "checked": checked})
 """
@@ -82,7 +97,7 @@ def test_join_matches_polars(ranks, mode):
     run = run_mpi(SCRIPT, ranks, timeout=240, args=[mode])
     reports = run.values(ranks)
     assert "Warning" not in run.stderr, run.stderr
-    assert reports[0]["checked"] == 4 * 4 * 13
+    assert reports[0]["checked"] == 4 * 4 * 15
     assert reports[0]["failures"] == [], "\n".join(reports[0]["failures"][:10])
 
 

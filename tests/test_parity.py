@@ -270,3 +270,34 @@ def test_runtime_still_works_after_failures(runtime_name):
     for f in failures:
         with pytest.raises(hetflow.TaskFailed):
             f.result()
+
+
+# ----------------------------------------------------------------------------- training
+# hetflow.torch on every runtime (CPU, Gloo). The ranks import torch (~3-8 s a fresh rank on
+# this 2-core host; the pool's and RAPTOR's ranks keep it): two tests, three tasks per runtime.
+def test_torch_ddp_matches_one_process_side_by_side(runtime_name, tmp_path):
+    pytest.importorskip("torch")
+    from torch_apps import PARITY_ATOL, ddp_train
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    # rank 0 of the 2-rank task holds no rows: batches() rebalances them
+    two = ddp_train(rows=40, empty_rank=0, mine=a, theirs=b)
+    one = ddp_train.options(ranks=1)(rows=24, mine=b, theirs=a)
+    got_two, got_one = two.result(), one.result()
+    assert got_two["met"] and got_one["met"], "the two training tasks did not run at once"
+    assert got_two["size"] == 2 and got_two["backend"] == "gloo"
+    assert got_two["rows"] == [20, 20] and got_two["steps"] == 2 * 3
+    assert got_one["rows"] == [24] and got_one["steps"] == 2 * 3
+    for got in (got_two, got_one):
+        assert got["moved"] > 1e-3, "training did not change the weights"
+        assert got["diff"] <= PARITY_ATOL, got
+
+
+def test_torch_rank_killed_mid_training_is_task_lost(runtime_name):
+    pytest.importorskip("torch")
+    from torch_apps import ddp_train
+
+    with pytest.raises(hetflow.TaskLost) as info:
+        ddp_train(rows=40, kill_rank=1, kill_step=2).result()
+    assert info.value.rank == 1
+    assert ddp_train(rows=16, epochs=1).result()["diff"] >= 0

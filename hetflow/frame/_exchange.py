@@ -498,6 +498,25 @@ def gather(comm, table: pa.Table, root: int = 0) -> Optional[pa.Table]:
     return None
 
 
+def allgather(comm, table: pa.Table) -> pa.Table:
+    """The concatenation of every rank's table (in rank order) on every rank (collective):
+    one ``Allgatherv`` of Arrow IPC streams."""
+    payload = serialize(table) if table.num_rows else pa.py_buffer(b"")
+    counts = np.asarray(comm.allgather(payload.size), np.int64)
+    _check_large_counts(counts)
+    displs = _starts(counts)
+    recv = np.empty(int(counts.sum()), np.uint8)
+    send = np.frombuffer(payload, np.uint8) if payload.size else np.empty(0, np.uint8)
+    wait_all([comm.Iallgatherv(send, [recv, (counts, displs), MPI.BYTE])])
+    buf = pa.py_buffer(recv)
+    parts = [deserialize(buf.slice(int(d), int(c)), table.schema)
+             for d, c in zip(displs, counts) if c]
+    parts = [p for p in parts if p.num_rows]
+    if not parts:
+        return table.schema.empty_table()
+    return pa.concat_tables(parts).combine_chunks()
+
+
 def split_by(dest: np.ndarray, parts: int, counts: Optional[np.ndarray] = None):
     """Stable grouping of row indices by destination: (order, offsets) with rows for d at
     ``order[offsets[d]:offsets[d+1]]`` in their original relative order. ``counts``: the rows

@@ -1,96 +1,139 @@
-"""Group-by-aggregate: a local pre-aggregation, a shuffle of the partial rows, a final one."""
+"""Group-by-aggregate: how it distributes (the kernels are :mod:`hetflow.frame._aggregate`).
+
+* Every aggregation combines exactly (sum, count, mean, min, max, size, first, last, var, std,
+  nlargest, nsmallest): each rank reduces its rows to one partial row per group, those rows
+  are shuffled by the group keys, and each rank merges the rows of its groups and finishes
+  them. Only one row per group and rank crosses the network.
+* Any of median, quantile or nunique: no partial result of theirs combines exactly, so the
+  rows themselves (keys and aggregated columns only) are shuffled by the group keys and each
+  rank aggregates the whole of its groups.
+
+One rank aggregates its rows in one step either way.
+"""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from hetflow.errors import ConfigError
-from hetflow.frame import _check
+from hetflow.frame import _aggregate, _arrays, _check
+from hetflow.frame._aggregate import Agg, Planned
 from hetflow.frame._prepare import prepare, require_table
 from hetflow.frame._shuffle import shuffle_local
 from hetflow.frame._table import DistributedTable
 
-_AGGS = ("sum", "count", "mean", "min", "max")
-
 
 class GroupBy:
-    """``table.groupby(by).agg({...})``: a distributed group-by with a local pre-aggregation."""
+    """``table.groupby(by).agg({...})``: a distributed group-by."""
 
     def __init__(self, table: DistributedTable, by):
         self.table = require_table(table, "groupby: table")
         self.by = _check.key_names(by, "groupby")
 
-    def agg(self, spec: Dict[str, Union[str, Sequence[str]]], *,
+    def agg(self, spec: Dict[str, Union[str, Agg, Sequence[Union[str, Agg]]]], *,
             backend: Optional[str] = None) -> DistributedTable:
-        """Aggregate ``{column: "sum"|"count"|"mean"|"min"|"max" or a list of them}``.
+        """Aggregate ``{column: function or a list of them}``; a function is a name or a
+        :class:`~hetflow.frame.Agg` (for parameters): ``sum``, ``count``, ``mean``, ``min``,
+        ``max``, ``size``, ``first``, ``last``, ``var``/``std`` (``ddof=1``), ``median``,
+        ``quantile`` (``q``; ``interpolation="nearest"``, polars' default), ``nunique``,
+        ``nlargest``/``nsmallest`` (``n``).
 
-        Result columns: the group keys, then ``column`` (one function) or ``column_function``
-        (several). ``count`` counts non-null values; ``sum``/``min``/``max``/``mean`` skip nulls
-        and give null for a group with no non-null value (SQL semantics; pandas' sum gives 0).
+        Result columns: the group keys, then ``column`` (one function) or
+        ``column_<function>`` (several), one row per group; a null key is a group of its
+        own. ``count`` counts non-null values, ``size`` rows; ``sum``/``min``/``max``/``mean``
+        skip nulls and give null for a group with no non-null value (SQL semantics; pandas'
+        and polars' sum give 0). docs/engine.md gives each one's semantics.
         """
         t = self.table
-        if not isinstance(spec, dict) or not spec:
-            raise ConfigError(f"groupby.agg: expected a non-empty dict column -> function, "
-                              f"got {spec!r}")
-        plan = []
-        for col, funcs in spec.items():
-            funcs = [funcs] if isinstance(funcs, str) else list(funcs)
-            for f in funcs:
-                if f not in _AGGS:
-                    raise ConfigError(f"groupby.agg: unknown function {f!r} for column {col!r}; "
-                                      f"expected one of {_AGGS}")
-            for f in funcs:
-                plan.append((col, f, col if len(funcs) == 1 else f"{col}_{f}"))
-        prep = prepare("groupby", [t], [self.by], backend=backend, check=lambda: (
-            _check.check_columns(t.local.schema, [c for c, _, _ in plan], "groupby.agg")))
+        planned = _aggregate.plan(spec)
+
+        def check():
+            _check.check_columns(t.local.schema, [p.column for p in planned], "groupby.agg")
+            _aggregate.check_types(t.local.schema, planned)
+
+        prep = prepare("groupby", [t], [self.by], backend=backend, check=check)
         if prep.pycylon:
             from hetflow.frame import _pycylon
-            return _pycylon.groupby_agg(t, self.by, plan)
-        be = prep.backend
-        # Pre-aggregate locally (sum/count/min/max partials; mean as sum and count) so only
-        # one row per group and rank crosses the network.
-        partial_aggs, partial_names = [], []
-        source = t.local.select(self.by)
-        for i, (col, f, _) in enumerate(plan):
-            for pf in (("sum", "count") if f == "mean" else (f,)):
-                alias = f"__p{i}_{pf}"
-                source = source.append_column(alias, t.local.column(col))
-                partial_aggs.append((alias, pf))
-                partial_names.append(alias)
-        local = group(source, self.by, partial_aggs)
-        del source
-        shuffled = shuffle_local(t.comm, local, self.by, be)
-        final_aggs = [(name, "max" if name.endswith("_max") else
-                       "min" if name.endswith("_min") else "sum") for name in partial_names]
-        merged = group(shuffled, self.by, final_aggs)
-        columns, out_names = [merged.column(k) for k in self.by], list(self.by)
-        for i, (_col, f, out_name) in enumerate(plan):
-            if f == "mean":
-                s = merged.column(f"__p{i}_sum").cast(pa.float64())
-                c = merged.column(f"__p{i}_count")
-                c = pc.if_else(pc.equal(c, 0), pa.scalar(None, c.type), c)
-                columns.append(pc.divide(s, c.cast(pa.float64())))
-            else:
-                columns.append(merged.column(f"__p{i}_{f}"))
-            out_names.append(out_name)
-        return prep.result(pa.Table.from_arrays(columns, names=out_names))
+            return _pycylon.groupby_agg(t, self.by, planned)
+        out = aggregate(t.comm, t.local, self.by, planned,
+                        lambda table, keys: shuffle_local(t.comm, table, keys, prep.backend))
+        return prep.result(out)
+
+
+def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
+              shuffle: Callable[[pa.Table, List[str]], pa.Table]) -> pa.Table:
+    """This rank's part of the group-by (collective when ``comm`` has several ranks):
+    ``shuffle(table, keys)`` moves rows so that equal keys meet on one rank."""
+    values = [c for c in dict.fromkeys(p.column for p in planned) if c not in by]
+    source = table.select(list(by) + values)
+    if comm.Get_size() == 1:
+        return _whole_groups(source, by, planned)
+    if _aggregate.holistic(planned):
+        return _whole_groups(shuffle(source, list(by)), by, planned)
+    stem = _private(by, "__hetflow_part")
+    names = [f"{stem}{i}_{j}" for i, p in enumerate(planned)
+             for j in _aggregate.part_names(p)]
+    partial = _partials(source, by, planned, names)
+    # the partials' types as an empty partition gives them, the same on every rank (the
+    # exchange reads each rank's columns as the agreed types)
+    partial = partial.cast(_partials(source.slice(0, 0), by, planned, names).schema)
+    del source
+    merged = shuffle(partial, list(by))             # one row per group and source rank
+    del partial
+    g = _aggregate.group_ids([merged.column(k) for k in by])
+    flat = [_arrays._single(merged.column(n)) for n in names]
+    parts, i = [], 0
+    for p in planned:
+        k = len(_aggregate.part_names(p))
+        parts.append(flat[i:i + k])
+        i += k
+    results = _aggregate.finish(_aggregate.combine(parts, g, planned), planned)
+    return _result(merged, by, g, results, planned)
+
+
+def result_schema(schema: pa.Schema, by: List[str], planned: Sequence[Planned]) -> pa.Schema:
+    """The schema of the group-by's result: the kernels' own, on an empty partition."""
+    columns = list(dict.fromkeys(list(by) + [p.column for p in planned]))
+    return _whole_groups(schema.empty_table().select(columns), by, planned).schema
+
+
+def _private(names: Sequence[str], stem: str) -> str:
+    while stem in names:
+        stem += "_"
+    return stem
+
+
+def _partials(source: pa.Table, by: List[str], planned: Sequence[Planned],
+              names: List[str]) -> pa.Table:
+    """One row per group of ``source``: its keys, then every aggregation's partial columns."""
+    g = _aggregate.group_ids([source.column(k) for k in by])
+    columns = {n: _arrays._single(source.column(n)) for n in source.column_names}
+    parts = _aggregate.local(columns, g, planned)
+    keys = source.select(list(by)).take(_arrays.arrow_of(g.first))
+    return pa.Table.from_arrays([_arrays._single(keys.column(k)) for k in by]
+                                + [c for cols in parts for c in cols], names=list(by) + names)
+
+
+def _whole_groups(source: pa.Table, by: List[str], planned: Sequence[Planned]) -> pa.Table:
+    """The aggregations of ``source``'s groups, all of whose rows are here."""
+    g = _aggregate.group_ids([source.column(k) for k in by])
+    columns = {n: _arrays._single(source.column(n)) for n in source.column_names}
+    results = _aggregate.finish(_aggregate.local(columns, g, planned), planned)
+    return _result(source, by, g, results, planned)
+
+
+def _result(source: pa.Table, by: List[str], g: _aggregate.Groups, results: List[pa.Array],
+            planned: Sequence[Planned]) -> pa.Table:
+    keys = source.select(list(by)).take(_arrays.arrow_of(g.first))
+    return pa.Table.from_arrays([_arrays._single(keys.column(k)) for k in by] + results,
+                                names=list(by) + [p.out for p in planned])
 
 
 def group_by(table: pa.Table, by: List[str]):
     """``table.group_by(by)`` on one thread (a deterministic group order); pyarrow < 12 has no
-    ``use_threads`` and gives its own order, which no caller relies on (groups are
-    re-aggregated, and ``unique`` sorts the rows it keeps)."""
+    ``use_threads`` and gives its own order, which no caller relies on (``unique`` sorts the
+    rows it keeps)."""
     try:
         return table.group_by(by, use_threads=False)
     except TypeError:  # pyarrow < 12 (pycylon's environments pin pyarrow 9-10)
         return table.group_by(by)
-
-
-def group(table: pa.Table, by: List[str], aggs) -> pa.Table:
-    """Group-by-aggregate whose result columns are ``by`` then each aggregated column's own
-    name (Arrow names them ``col_func`` and has changed their position between versions)."""
-    out = group_by(table, by).aggregate(aggs)
-    wanted = list(by) + [f"{col}_{func}" for col, func in aggs]
-    return out.select(wanted).rename_columns(list(by) + [col for col, _ in aggs])

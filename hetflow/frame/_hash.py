@@ -4,7 +4,7 @@ Every rank must send a key to the same destination, so the hash may depend only 
 value and type: never on the process (Python's ``hash()`` of a string is salted per process) or on
 how the column is chunked. Each column is mapped to a 64-bit integer representation (integers,
 temporals and booleans as int64; floats by their bits with -0.0 and NaN canonicalised; strings and
-binaries through a polynomial hash of their bytes, computed once per distinct value), then
+binaries by their bytes, 8 at a time up to 64 bytes, byte by byte beyond), then
 finalised with the splitmix64 mixer and combined column by column. Null keys hash to a constant.
 One integer or temporal key takes a cheaper path (:func:`_int_partition`, Fibonacci hashing);
 a join on one takes ``key mod P`` (:func:`modular_partition`) where that spreads evenly.
@@ -69,27 +69,116 @@ def _int64_repr(arr: pa.Array) -> np.ndarray:
     raise TypeError(t)
 
 
+#: Values up to this many bytes are hashed 8 bytes at a time (:func:`_word_hash`); longer ones
+#: byte by byte (:func:`_polynomial_hash`). The choice depends on the value alone, so every
+#: rank hashes a value alike whatever else its column holds.
+WORD_HASH_BYTES = 64
+
+
+def _binary_parts(values: pa.Array):
+    """(offsets as int64 relative to the first value, the values' bytes) of a binary-like array."""
+    t = values.type
+    if not (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
+            or pa.types.is_large_binary(t)):
+        values = values.cast(pa.large_binary())
+        t = values.type
+    wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+    n = len(values)
+    _, offsets_buf, data_buf = values.buffers()[:3]
+    offsets = np.frombuffer(offsets_buf, np.int64 if wide else np.int32, count=n + 1,
+                            offset=values.offset * (8 if wide else 4)).astype(np.int64)
+    base = int(offsets[0])
+    offsets -= base
+    total = int(offsets[-1])
+    data = (np.frombuffer(data_buf, np.uint8, count=total, offset=base) if total
+            else np.zeros(0, np.uint8))
+    return offsets, data
+
+
 def _binary_hash(values: pa.Array) -> np.ndarray:
-    """Polynomial hash of each (non-null) binary/string value's bytes, vectorized."""
-    values = values.cast(pa.large_binary())
+    """A 64-bit hash of each (non-null) binary/string value's bytes, vectorized: values up to
+    :data:`WORD_HASH_BYTES` 8 bytes at a time, longer ones byte by byte."""
     n = len(values)
     if n == 0:
         return np.zeros(0, np.uint64)
-    _, offsets_buf, data_buf = values.buffers()
-    offsets = np.frombuffer(offsets_buf, np.int64, count=n + 1, offset=values.offset * 8)
-    base = offsets[0]
+    offsets, data = _binary_parts(values)
     lengths = np.diff(offsets)
-    total = int(offsets[-1] - base)
     out = lengths.astype(np.uint64) * _GOLDEN
-    if total:
-        data = np.frombuffer(data_buf, np.uint8, count=total, offset=int(base)).astype(np.uint64)
-        starts = offsets[:-1] - base
-        pos = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
-        powers = np.cumprod(np.full(int(lengths.max()), _POLY, np.uint64), dtype=np.uint64)
-        contrib = (data + np.uint64(1)) * powers[pos]
-        nonempty = lengths > 0
-        out[nonempty] += np.add.reduceat(contrib, starts[nonempty])
+    long_rows = np.flatnonzero(lengths > WORD_HASH_BYTES)
+    if not len(long_rows):
+        out ^= _word_hash(offsets[:-1], lengths, data)
+    else:
+        short = np.flatnonzero(lengths <= WORD_HASH_BYTES)
+        out[short] ^= _word_hash(offsets[short], lengths[short], data)
+        out[long_rows] += _polynomial_hash(offsets[long_rows], lengths[long_rows], data)
     return out
+
+
+#: ``_KEEP_BYTES[k]``: the mask of a word's low ``k`` bytes.
+_KEEP_BYTES = np.array([(1 << (8 * k)) - 1 for k in range(9)], np.uint64)
+
+
+def _word_hash(starts: np.ndarray, lengths: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """The values' bytes read as little-endian 64-bit words (the last one zero-padded), each
+    folded in with a multiply and a shift: a few passes over the rows instead of one per byte.
+    A value takes exactly as many folds as it has words, whatever the others' lengths."""
+    padded = np.zeros(len(data) + 8, np.uint8)
+    padded[:len(data)] = data
+    # every byte position as the start of an (unaligned) 64-bit little-endian word
+    word_at = np.ndarray(shape=(len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))
+    h = np.zeros(len(starts), np.uint64)
+    rows = None  # all of them
+    longest = int(lengths.max()) if len(lengths) else 0
+    for j in range(0, longest, 8):
+        if j:
+            rows = np.flatnonzero(lengths > j) if rows is None else rows[lengths[rows] > j]
+        at = starts + j if rows is None else starts[rows] + j
+        w = word_at[at]
+        # keep the value's own bytes of this word: some (its last word) or all 8
+        w &= _KEEP_BYTES[np.minimum(lengths - j if rows is None else lengths[rows] - j, 8)]
+        g = h if rows is None else h[rows]
+        g ^= w
+        g *= _M1
+        g ^= g >> np.uint64(29)
+        if rows is not None:
+            h[rows] = g
+    return h
+
+
+def _polynomial_hash(starts: np.ndarray, lengths: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """Polynomial hash of each value's bytes (the values given by ``starts``/``lengths``)."""
+    out = np.zeros(len(starts), np.uint64)
+    total = int(lengths.sum())
+    if not total:
+        return out
+    local = np.zeros(len(lengths), np.int64)   # each value's first position in the pieces
+    np.cumsum(lengths[:-1], out=local[1:])
+    pos = np.arange(total, dtype=np.int64) - np.repeat(local, lengths)
+    values = data[np.repeat(starts, lengths) + pos].astype(np.uint64)
+    powers = np.cumprod(np.full(int(lengths.max()), _POLY, np.uint64), dtype=np.uint64)
+    contrib = (values + np.uint64(1)) * powers[pos]
+    nonempty = lengths > 0
+    out[nonempty] = np.add.reduceat(contrib, local[nonempty])
+    return out
+
+
+def _few_distinct(arr: pa.Array, sample: int = 4096) -> bool:
+    """Whether a large column repeats its values much (a sample of its rows has under a
+    quarter distinct): then encoding it and hashing the dictionary is the cheaper way to the
+    same hashes."""
+    n = len(arr)
+    if n < 4 * sample:
+        return False
+    picked = arr.take(pa.array(np.linspace(0, n - 1, sample).astype(np.int64)))
+    return len(pc.unique(picked)) * 4 < sample
+
+
+def _through(xp, dict_hash: np.ndarray, indices: pa.Array):
+    """Each row's hash through its dictionary index (null rows get 0 here, their own hash
+    later); a chunk of nulls only has an empty dictionary."""
+    if not len(dict_hash):
+        return xp.zeros(len(indices), dtype=np.uint64)
+    return xp.asarray(dict_hash[to_numpy(_fill(indices, 0))])
 
 
 def _column_hash_chunk(xp, arr: pa.Array):
@@ -97,8 +186,7 @@ def _column_hash_chunk(xp, arr: pa.Array):
     t = arr.type
     if pa.types.is_dictionary(t):
         dict_hash = _column_hash_chunk(np, arr.dictionary)
-        idx = to_numpy(_fill(arr.indices, 0))
-        out = xp.asarray(dict_hash[idx])
+        out = _through(xp, dict_hash, arr.indices)
     elif pa.types.is_null(t):
         return xp.full(len(arr), _NULL, dtype=np.uint64)
     elif (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
@@ -106,13 +194,11 @@ def _column_hash_chunk(xp, arr: pa.Array):
           or pa.types.is_decimal(t)):
         if pa.types.is_decimal(t):
             arr = arr.cast(pa.string())
-        elif _is_view(t) or pa.types.is_fixed_size_binary(t):
-            arr = arr.cast(pa.large_binary())
-        # hash each distinct value once, then broadcast through the dictionary indices
-        encoded = pc.dictionary_encode(arr)
-        dict_hash = mix(np, _binary_hash(encoded.dictionary))
-        idx = to_numpy(_fill(encoded.indices, 0))
-        out = xp.asarray(dict_hash[idx])
+        if _few_distinct(arr):  # hash each distinct value once, then through the indices
+            encoded = pc.dictionary_encode(arr)
+            out = _through(xp, mix(np, _binary_hash(encoded.dictionary)), encoded.indices)
+        else:
+            out = xp.asarray(mix(np, _binary_hash(arr)))
     else:
         try:
             rep = _int64_repr(arr)

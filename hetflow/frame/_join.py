@@ -1,4 +1,5 @@
-"""The distributed join: both sides partitioned on their keys, then a local match.
+"""The distributed join: both sides partitioned on their keys, then a local match; or, when
+the right side is small, that side sent to every rank (:mod:`hetflow.frame._broadcast`).
 
 One null-free integer key takes the streamed path (:func:`_join_streamed`: only the keys
 move before the match, each payload column when the output gathers it), partitioned by
@@ -14,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
-from hetflow.frame import _arrays, _backend, _check, _exchange, _hash, _localjoin
+from hetflow.frame import _arrays, _backend, _broadcast, _check, _exchange, _hash, _localjoin
 from hetflow.frame._exchange import MPI
 from hetflow.frame._phases import phase
 from hetflow.frame._prepare import prepare, require_table, small
@@ -63,7 +64,8 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
     # up to MODULAR_MAX_PARTS ranks the counts ride in the check (no round of their own)
     in_check = counts is not None and comm.Get_size() <= _hash.MODULAR_MAX_PARTS
     facts = {"small": small(left.local, right.local),
-             "key_nulls": _null_count(left.local, lk) + _null_count(right.local, rk)}
+             "key_nulls": _null_count(left.local, lk) + _null_count(right.local, rk),
+             "left_bytes": int(left.local.nbytes), "right_bytes": int(right.local.nbytes)}
     if in_check:
         facts["modular_counts"] = [int(c) for c in counts]
 
@@ -83,6 +85,10 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
         from hetflow.frame import _pycylon
         return _pycylon.join(left, right, lk, rk, how, suffixes)
     be, agreed = prep.backend, prep.agreed
+    if _broadcast.chosen(how, agreed.per_rank("left_bytes"), agreed.per_rank("right_bytes")):
+        out = _broadcast.join(comm, canonical_zero(left.local, lk),
+                              canonical_zero(right.local, rk), lk, rk, how, tuple(suffixes))
+        return prep.result(out)
     if not agreed.total("key_nulls") and _localjoin.fast_key_ok(
             left.local.schema, right.local.schema, lk, rk, how):
         if counts is not None and not _modular_agreed(

@@ -14,6 +14,7 @@ The facts come back by name on :class:`Agreed` (``agreed.total("rows")``,
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -22,6 +23,8 @@ import pyarrow as pa
 from hetflow.errors import InputError
 from hetflow.frame import _backend, _check
 from hetflow.frame._table import DistributedTable
+
+log = logging.getLogger("hetflow.frame")
 
 Fact = Union[int, Sequence[int]]
 
@@ -113,6 +116,14 @@ class Prepared:
     @property
     def pycylon(self) -> bool:
         return self.backend == "pycylon"
+
+    def without_pycylon(self, op: str, why: str) -> "Prepared":
+        """This preparation, on the CPU engine if pycylon was asked for (an operation the
+        adapter has no form of); the log says so, as the adapter's own routing does."""
+        if not self.pycylon:
+            return self
+        log.warning("hetflow.frame: %s ran on the CPU engine, not pycylon: %s", op, why)
+        return Prepared(self.comm, "cpu", self.agreed)
 
     def result(self, table: pa.Table, backend: Optional[str] = None) -> DistributedTable:
         """``table`` as this operation's output; its backend is the chosen one (``backend``

@@ -10,9 +10,11 @@ agrees on, so all ranks take the same way and none is left in a collective:
   ``CylonEnv`` built on a private duplicate of the table's communicator; the answer comes back
   with ``to_arrow()`` and is reshaped to exactly the CPU engine's columns, names and types.
 * pycylon has no such operation (semi/anti join; a shuffle co-partitioned with the CPU
-  engine's), or gets it wrong (``_CYLON_WRONG``: left, right and outer joins; string and binary
-  keys of a join, group-by or unique on more than one rank): the CPU engine runs it, the
-  result's ``backend`` is ``"cpu"``, and a warning on the ``hetflow.frame`` logger says why.
+  engine's; the group-by functions of ``_NO_CYLON_AGG``), gets it wrong (``_CYLON_WRONG``:
+  left, right and outer joins; string and binary keys of a join, group-by or unique on more
+  than one rank), or cannot split a column of the table between ranks (a join or sort with a
+  bool or large_string column, ``_cylon_split_type``): the CPU engine runs it, the result's
+  ``backend`` is ``"cpu"``, and a warning on the ``hetflow.frame`` logger says why.
   This does not need pycylon to be installed.
 * pycylon has the operation but its semantics differ from the CPU engine's in a way the adapter
   cannot convert (NaN keys, null sort keys, null aggregated values, unique over a subset):
@@ -46,7 +48,8 @@ log = logging.getLogger("hetflow.frame")
 # pycylon's join types (python/pycylon/pycylon/common/join_config.pyx, StrToJoinType)
 _JOIN_HOW = {"inner": "inner", "left": "left", "right": "right", "outer": "outer",
              "full": "outer"}
-# pycylon's aggregation names (python/pycylon/pycylon/data/aggregates.pyx, AggregationOpString)
+# The aggregations run on pycylon, by their names there (python/pycylon/pycylon/data/
+# aggregates.pyx, AggregationOpString); the others run on the CPU engine (_NO_CYLON_AGG).
 _AGG = {"sum": "sum", "count": "cnt", "min": "min", "max": "max", "mean": "mean"}
 # What Cylon (cylondata/cylon at 03e0338, run beside the CPU engine on the same data) computes
 # wrong, and so never runs here: the CPU engine does, and the log says why.
@@ -70,17 +73,47 @@ def _unique_cpu(table: DistributedTable, names: List[str]) -> DistributedTable:
     return unique(table, names, backend="cpu")
 
 
+def _sort_cpu(table: DistributedTable, names: List[str], asc: List[bool]) -> DistributedTable:
+    from hetflow.frame._sort import sort
+    return sort(table, names, asc, backend="cpu")
+
+
 def _shuffle_cpu(table: DistributedTable, names: List[str]) -> DistributedTable:
     from hetflow.frame._shuffle import shuffle
     return shuffle(table, names, backend="cpu")
 
 
 # -- checks every rank agrees on ---------------------------------------------------------------
+def _cylon_split_type(t: pa.DataType) -> bool:
+    """Types Cylon can split between ranks (partition.cpp fails with "splitter not implemented"
+    on any other column: arrow_kernels.cpp's CreateSplitter): integers, float32/64, string,
+    binary, fixed-size binary, dates, timestamps, times. No bool, large_string, large_binary,
+    float16, decimal or nested types."""
+    return ((pa.types.is_integer(t) or pa.types.is_float32(t) or pa.types.is_float64(t)
+             or pa.types.is_string(t) or pa.types.is_binary(t)
+             or pa.types.is_fixed_size_binary(t) or pa.types.is_date(t)
+             or pa.types.is_timestamp(t) or pa.types.is_time(t)))
+
+
 def _cylon_key_type(t: pa.DataType) -> bool:
-    """Types Cylon's row hash/comparator handles (arrow_comparator.cpp's type switch); no bool,
-    no decimal, no nested types."""
-    return (pa.types.is_integer(t) or pa.types.is_floating(t) or _bytes_type(t)
-            or pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_time(t))
+    """Types Cylon's row hash, comparator and sort kernels all handle: the splittable ones
+    (arrow_comparator.cpp's and CreateSorter's switches also lack bool and large_string,
+    which fail at one rank too: "unknown type large_string")."""
+    return _cylon_split_type(t)
+
+
+def _unsplittable(comm, *schemas: pa.Schema) -> List[str]:
+    """The columns, key or not, that Cylon would have to split between ranks but cannot
+    (none on one rank), as ``'name' (type)``."""
+    if comm.Get_size() == 1:
+        return []
+    return [f"{f.name!r} ({f.type})" for schema in schemas for f in schema
+            if not _cylon_split_type(f.type)]
+
+
+def _no_splitter(op: str, columns: List[str]) -> str:
+    return (f"column {', '.join(columns)}: Cylon has no splitter for this type (a {op} on "
+            "more than one rank fails with 'splitter not implemented')")
 
 
 def _require_key_types(op: str, schema: pa.Schema, names: Sequence[str], side: str = "") -> None:
@@ -236,6 +269,9 @@ def join(left: DistributedTable, right: DistributedTable, lk: List[str], rk: Lis
         return _on_cpu(f"{how} join", _CYLON_WRONG["outer joins"], on_cpu)
     _require_key_types("join", left.local.schema, lk, "left")
     _require_key_types("join", right.local.schema, rk, "right")
+    unsplittable = _unsplittable(comm, left.local.schema, right.local.schema)
+    if unsplittable:
+        return _on_cpu("join", _no_splitter("join", unsplittable), on_cpu)
     strings = (_address_hashed(comm, left.local.schema, lk)
                + _address_hashed(comm, right.local.schema, rk))
     if strings:
@@ -302,6 +338,10 @@ def sort(table: DistributedTable, names: List[str], asc: List[bool]) -> Distribu
     """
     comm = table.comm
     _require_key_types("sort", table.local.schema, names)
+    unsplittable = _unsplittable(comm, table.local.schema)
+    if unsplittable:
+        return _on_cpu("sort", _no_splitter("sort", unsplittable),
+                       lambda: _sort_cpu(table, names, asc))
     counts = _counts(comm, [(table.local, names)])
     bad = [n for n, (nulls, nans) in zip(names, counts) if nulls or nans]
     if bad:
@@ -320,30 +360,41 @@ def sort(table: DistributedTable, names: List[str], asc: List[bool]) -> Distribu
 
 
 # -- group-by / unique -------------------------------------------------------------------------
-def groupby_agg(table: DistributedTable, by: List[str],
-                plan: Sequence[Tuple[str, str, str]]) -> DistributedTable:
-    """``GroupBy.agg`` on pycylon's distributed hash group-by. ``plan`` holds the CPU engine's
-    (column, function, output name) triples, columns grouped together in order."""
+def groupby_agg(table: DistributedTable, by: List[str], planned: Sequence) -> DistributedTable:
+    """``GroupBy.agg`` on pycylon's distributed hash group-by. ``planned``: the CPU engine's
+    aggregations (:class:`hetflow.frame._aggregate.Planned`), columns grouped in order.
+
+    Sums and means are asked of Cylon over the column widened to 64 bits (Cylon sums in the
+    column's own type, so an int32 sum past 2**31 would wrap, and a float32 mean would be
+    computed at float32 precision); the CPU engine sums integers as int64 and means at
+    float64 too."""
     comm = table.comm
     schema = table.local.schema
+    spec: Dict[str, list] = {}
+    for p in planned:
+        spec.setdefault(p.column, []).append(p.source)
+
+    def on_cpu():
+        return _groupby().GroupBy(table, by).agg(spec, backend="cpu")
+
+    for p in planned:
+        if p.name not in _AGG:
+            return _on_cpu(f"groupby {p.name}", _NO_CYLON_AGG.get(p.name, _NO_CYLON_AGG[None])
+                           .format(name=p.name), on_cpu)
     _require_key_types("groupby", schema, by)
     strings = _address_hashed(comm, schema, by)
     if strings:
-        spec: Dict[str, List[str]] = {}
-        for col, f, _ in plan:
-            spec.setdefault(col, []).append(f)
         return _on_cpu("groupby", f"key {', '.join(map(repr, strings))}: "
-                       f"{_CYLON_WRONG['string keys']}",
-                       lambda: _groupby().GroupBy(table, by).agg(spec, backend="cpu"))
-    for col, _f, _ in plan:
-        if col in by:
-            raise NotSupported(f"groupby.agg on pycylon: column {col!r} is also a group key, "
-                               "which Cylon's group-by does not take; use backend='cpu'")
-        t = schema.field(col).type
+                       f"{_CYLON_WRONG['string keys']}", on_cpu)
+    for p in planned:
+        if p.column in by:
+            raise NotSupported(f"groupby.agg on pycylon: column {p.column!r} is also a group "
+                               "key, which Cylon's group-by does not take; use backend='cpu'")
+        t = schema.field(p.column).type
         if not (pa.types.is_integer(t) or pa.types.is_floating(t)) or pa.types.is_float16(t):
-            raise NotSupported(f"groupby.agg on pycylon: column {col!r} is {t}; Cylon's "
+            raise NotSupported(f"groupby.agg on pycylon: column {p.column!r} is {t}; Cylon's "
                                "aggregation kernels take integer and float columns only")
-    values = list(dict.fromkeys(c for c, _, _ in plan))
+    values = list(dict.fromkeys(p.column for p in planned))
     counts = _counts(comm, [(table.local, by), (table.local, values)])
     key_counts, value_counts = counts[:len(by)], counts[len(by):]
     bad_keys = [n for n, (nulls, nans) in zip(by, key_counts) if nulls or nans]
@@ -357,49 +408,72 @@ def groupby_agg(table: DistributedTable, by: List[str],
                            "holds nulls; Cylon's kernels give an all-null group 0 or the "
                            "kernel's start value where the CPU engine gives null; use "
                            "backend='cpu'")
-    empty = table.local.slice(0, 0)
-    types = []
-    for col, f, _ in plan:
-        if f == "mean":
-            types.append(pa.float64())
-        else:
-            types.append(_groupby().group(empty.select(by + [col]), by, [(col, f)])
-                         .schema.field(col).type)
-    out_schema = pa.schema([schema.field(n) for n in by]
-                           + [pa.field(name, t) for (_, _, name), t in zip(plan, types)])
-    index = {n: i for i, n in enumerate(schema.names)}
+    # the CPU engine's exact result schema: its own kernels on an empty partition
+    out_schema = _groupby().result_schema(schema, by, planned)
     # What Cylon is asked for, per column in first-use order (its output's order): the plan's
     # functions, except the mean of an integer column, which Cylon returns truncated to an
     # integer; it is asked for that column's sum and count, and divided here.
     asks: Dict[str, List[str]] = {}
-    for col, f, _ in plan:
-        want = asks.setdefault(col, [])
-        for g in (("sum", "count") if f == "mean" and _integer_mean(schema, col) else (f,)):
+    for p in planned:
+        want = asks.setdefault(p.column, [])
+        for g in (("sum", "count") if p.name == "mean" and _integer_mean(schema, p.column)
+                  else (p.name,)):
             if g not in want:
                 want.append(g)
     position = {}
     for col, funcs in asks.items():
         for g in funcs:
             position[(col, g)] = len(by) + len(position)
+    # only the keys and aggregated columns go to Cylon, those summed widened to 64 bits
+    sent = table.local.select(by + values)
+    for col, funcs in asks.items():
+        if "sum" in funcs or "mean" in funcs:
+            i = sent.schema.get_field_index(col)
+            sent = sent.set_column(i, col, sent.column(i).cast(_wide(schema.field(col).type)))
+    index = {n: i for i, n in enumerate(sent.schema.names)}
     agg = {f"c{index[col]}": [_AGG[g] for g in funcs] for col, funcs in asks.items()}
     with _Session(comm) as s:
         def work() -> pa.Table:
-            df = s.pycylon.DataFrame(_renamed(table.local, "c"))
+            df = s.pycylon.DataFrame(_renamed(sent, "c"))
             return df.groupby([f"c{index[n]}" for n in by], env=s.env).agg(agg).to_arrow()
         got = s.run("groupby", work)
     if got.num_columns != len(by) + len(position):
         raise HetflowError(f"pycylon groupby returned {got.num_columns} columns, expected "
                            f"{len(by)} keys and {len(position)} aggregates; not using its result")
     columns = [got.column(i) for i in range(len(by))]
-    for col, f, _ in plan:
-        if f == "mean" and _integer_mean(schema, col):
-            total = got.column(position[(col, "sum")]).cast(pa.float64())
-            count = got.column(position[(col, "count")]).cast(pa.float64())
+    for p in planned:
+        if p.name == "mean" and _integer_mean(schema, p.column):
+            total = got.column(position[(p.column, "sum")]).cast(pa.float64())
+            count = got.column(position[(p.column, "count")]).cast(pa.float64())
             columns.append(pc.divide(total, count))     # no nulls here: count >= 1
         else:
-            columns.append(got.column(position[(col, f)]))
+            columns.append(got.column(position[(p.column, p.name)]))
     out = _conform(columns, out_schema)
     return DistributedTable(comm, out, backend="pycylon")
+
+
+def _wide(t: pa.DataType) -> pa.DataType:
+    """The 64-bit type a column is summed in: int64, uint64 or float64."""
+    if pa.types.is_unsigned_integer(t):
+        return pa.uint64()
+    return pa.int64() if pa.types.is_integer(t) else pa.float64()
+
+
+# Why each aggregation pycylon's DataFrame.groupby(...).agg does not run goes to the CPU engine.
+_NO_CYLON_AGG = {
+    None: "pycylon's group-by has no {name} aggregation (its names: sum, cnt, min, max, var, "
+          "nunique, mean, quantile, std; python/pycylon/pycylon/data/aggregates.pyx)",
+    "var": "pycylon's agg takes a name only, no ddof, and Cylon's defaults disagree (VarOp's "
+           "ddof=1, VarKernelOptions' ddof=0), so the ddof it applies is not known here",
+    "std": "pycylon's agg takes a name only, no ddof, and Cylon's defaults disagree (VarOp's "
+           "ddof=1, VarKernelOptions' ddof=0), so the ddof it applies is not known here",
+    "median": "pycylon's agg takes a name only: no q and no interpolation (Cylon's quantile "
+              "kernel states neither polars' nearest nor its linear median)",
+    "quantile": "pycylon's agg takes a name only: no q (Cylon's quantile is at 0.5) and no "
+                "interpolation",
+    "nunique": "Cylon's nunique has not been compared with the CPU engine's (a null and NaN each "
+               "count as one value) on a pycylon build",
+}
 
 
 def _integer_mean(schema: pa.Schema, col: str) -> bool:

@@ -95,6 +95,103 @@ class DistributedTable:
         from hetflow.frame._unique import unique
         return unique(self, subset, **kw)
 
+    def head(self, n: int = 5) -> "DistributedTable":
+        """The first ``n`` rows of the global order (rank order); no data moves."""
+        from hetflow.frame._position import head
+        return head(self, n)
+
+    def tail(self, n: int = 5) -> "DistributedTable":
+        """The last ``n`` rows of the global order; no data moves."""
+        from hetflow.frame._position import tail
+        return tail(self, n)
+
+    def slice(self, start: Optional[int] = None, stop: Optional[int] = None
+              ) -> "DistributedTable":
+        """Rows ``start:stop`` of the global order (Python slice semantics); no data moves."""
+        from hetflow.frame._position import slice_rows
+        return slice_rows(self, start, stop)
+
+    def rebalance(self, rows: Optional[Sequence[int]] = None) -> "DistributedTable":
+        """Equal rows per rank (to within one; or ``rows[r]`` on rank r), global order kept."""
+        from hetflow.frame._position import rebalance
+        return rebalance(self, rows)
+
+    def repartition(self, on, **kw) -> "DistributedTable":
+        """Hash-partition by the ``on`` columns (the same as :meth:`shuffle`)."""
+        from hetflow.frame._shuffle import shuffle
+        return shuffle(self, on, **kw)
+
+    def concat(self, *others: "DistributedTable") -> "DistributedTable":
+        """This table's rows, then each of ``others``'; see :func:`hetflow.frame.concat`."""
+        from hetflow.frame._position import concat
+        return concat([self, *others])
+
+    def union(self, other: "DistributedTable", **kw) -> "DistributedTable":
+        """Distinct rows of both tables (SQL ``UNION``)."""
+        from hetflow.frame._setops import union
+        return union(self, other, **kw)
+
+    def intersect(self, other: "DistributedTable", **kw) -> "DistributedTable":
+        """Distinct rows found in both tables (SQL ``INTERSECT``)."""
+        from hetflow.frame._setops import intersect
+        return intersect(self, other, **kw)
+
+    def difference(self, other: "DistributedTable", **kw) -> "DistributedTable":
+        """Distinct rows of this table not in ``other`` (SQL ``EXCEPT``)."""
+        from hetflow.frame._setops import difference
+        return difference(self, other, **kw)
+
+    def describe(self, columns=None, **kw) -> pa.Table:
+        """Summary statistics of the numeric columns (a small table on every rank)."""
+        from hetflow.frame._describe import describe
+        return describe(self, columns, **kw)
+
+    # -- row-wise operations on each partition (collective only in their error check) --------
+    def filter(self, predicate) -> "DistributedTable":
+        """Rows where a ``pyarrow.compute`` expression holds (``pc.field("v") > 0``)."""
+        from hetflow.frame._local import filter_rows
+        return filter_rows(self, predicate)
+
+    def select(self, columns) -> "DistributedTable":
+        """Only the named columns, in that order."""
+        from hetflow.frame._local import select
+        return select(self, columns)
+
+    def drop(self, columns) -> "DistributedTable":
+        """Every column but the named ones."""
+        from hetflow.frame._local import drop
+        return drop(self, columns)
+
+    def rename(self, mapping) -> "DistributedTable":
+        """Columns renamed by ``{old: new}``."""
+        from hetflow.frame._local import rename
+        return rename(self, mapping)
+
+    def with_columns(self, columns=None, **named) -> "DistributedTable":
+        """Columns added or replaced: expressions, functions of the partition, or scalars."""
+        from hetflow.frame._local import with_columns
+        return with_columns(self, columns, **named)
+
+    def cast(self, dtypes, **kw) -> "DistributedTable":
+        """Columns cast to new types (``{name: pyarrow type}`` or a schema)."""
+        from hetflow.frame._local import cast
+        return cast(self, dtypes, **kw)
+
+    def fill_null(self, value=None, **kw) -> "DistributedTable":
+        """Nulls replaced by ``value`` (columns it fits) or ``columns={name: value}``."""
+        from hetflow.frame._local import fill_null
+        return fill_null(self, value, **kw)
+
+    def to_pandas(self, root: int = 0, **kw):
+        """The gathered table as a pandas DataFrame on ``root``, None elsewhere (collective)."""
+        from hetflow.frame._local import to_pandas
+        return to_pandas(self, root, **kw)
+
+    def to_polars(self, root: int = 0):
+        """The gathered table as a polars DataFrame on ``root``, None elsewhere (collective)."""
+        from hetflow.frame._local import to_polars
+        return to_polars(self, root)
+
     def gather(self, root: int = 0) -> Optional[pa.Table]:
         """All partitions concatenated in rank order on ``root`` (collective); None elsewhere."""
         from hetflow.frame import _check, _exchange
