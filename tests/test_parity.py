@@ -267,9 +267,10 @@ def test_cancel_running_task(runtime_name, executor):
             return
         start = time.time()
         assert hetflow.cancel(fut) is True
-        with pytest.raises(hetflow.TaskCancelled):
+        with pytest.raises(hetflow.TaskCancelled) as info:
             fut.result(timeout=45)
         assert time.time() - start < 45
+        assert "time.sleep(seconds)" in info.value.stacks[0], str(info.value)
 
 
 # ----------------------------------------------------------------------------- tables handed over
