@@ -57,7 +57,8 @@ class TaskPayload:
     """
 
     def __init__(self, task_id: int, func: Callable, args: tuple, kwargs: dict, resources,
-                 tables: str | None = None):
+                 tables: str | None = None, files: tuple | None = None,
+                 arguments: bytes | None = None):
         self.task_id = task_id
         self.func = func
         self.args = args
@@ -65,6 +66,10 @@ class TaskPayload:
         self._resources = resources
         #: Where a rank writes its partition of a returned DistributedTable (hetflow.tables).
         self.tables = tables
+        #: ``(dir, capture_output, client_pid, client_host)``: where the ranks leave their
+        #: output and stacks (see ``_rankio``), or None for no capture at all.
+        self.files = files
+        self._arguments = arguments      # (args, kwargs) as the client pickled them once
 
     @property
     def resources(self):
@@ -81,8 +86,11 @@ class TaskPayload:
             import dataclasses
 
             resources = dataclasses.asdict(resources)
+        if self._arguments is not None:
+            return (_with_arguments, (self.task_id, self.func, self._arguments, resources,
+                                      self.tables, self.files))
         return (TaskPayload, (self.task_id, self.func, self.args, self.kwargs, resources,
-                              self.tables))
+                              self.tables, self.files))
 
     def __repr__(self) -> str:
         return (f"TaskPayload(task_id={self.task_id!r}, func={self.func!r}, args={self.args!r}, "
@@ -93,6 +101,13 @@ class TaskPayload:
         from hetflow.executors import _pickling
 
         return _pickling.dumps(self)
+
+
+def _with_arguments(task_id: int, func: Callable, arguments: bytes, resources, tables,
+                    files) -> TaskPayload:
+    """A payload whose arguments the client pickled at the call (nested in the payload)."""
+    args, kwargs = pickle.loads(arguments)
+    return TaskPayload(task_id, func, args, kwargs, resources, tables, files)
 
 
 class RankOutcome:
@@ -187,34 +202,35 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
         payload: TaskPayload = pickle.loads(payload_bytes)
     except Exception as exc:  # e.g. the function's module is not importable on this rank
         return _error_outcome(rank, exc, started, time.time(), "could not unpickle the task: ")
-    arrive(comm)
-    user_comm = comm.Dup()
-    own_umask = user_umask()
-    try:
-        started = time.time()
-        args, kwargs = payload.args, payload.kwargs
-        tables = sys.modules.get("hetflow.tables")   # imported by unpickling a handed-over table
-        with task_comm(user_comm):
-            if tables is not None:
-                args, kwargs = tables.materialize(args, kwargs, user_comm)
-            value = payload.func(*args, **kwargs)
-        finished = time.time()
-        if type(value).__name__ == "DistributedTable":
-            from hetflow import tables
-
-            if tables.is_table(value):   # its partition, kept or written: the client assembles
-                value = tables.hand_over(value, comm, payload.tables, payload.task_id)
-    except BaseException as exc:  # SystemExit on a rank is a task failure too
-        outcome = _error_outcome(rank, exc, started, time.time())
-        if keep_exception:
-            outcome.original = exc
-        return outcome
-    finally:
-        os.umask(own_umask)
+    with _capture(payload.files, rank):
+        arrive(comm)
+        user_comm = comm.Dup()
+        own_umask = user_umask()
         try:
-            user_comm.Free()
-        except Exception:
-            pass
+            started = time.time()
+            args, kwargs = payload.args, payload.kwargs
+            tables = sys.modules.get("hetflow.tables")   # imported by unpickling a handed-over table
+            with task_comm(user_comm):
+                if tables is not None:
+                    args, kwargs = tables.materialize(args, kwargs, user_comm)
+                value = payload.func(*args, **kwargs)
+            finished = time.time()
+            if type(value).__name__ == "DistributedTable":
+                from hetflow import tables
+
+                if tables.is_table(value):   # its partition, kept or written: the client assembles
+                    value = tables.hand_over(value, comm, payload.tables, payload.task_id)
+        except BaseException as exc:  # SystemExit on a rank is a task failure too
+            outcome = _error_outcome(rank, exc, started, time.time())
+            if keep_exception:
+                outcome.original = exc
+            return outcome
+        finally:
+            os.umask(own_umask)
+            try:
+                user_comm.Free()
+            except Exception:
+                pass
     try:
         value_bytes = dumps(value)
     except Exception as exc:
@@ -222,6 +238,27 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
     return RankOutcome(rank=rank, host=_host(), pid=os.getpid(), ok=True,
                        value=value_bytes, started=started, finished=finished)
 
+
+
+class _NoCapture:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def _capture(files, rank: int):
+    """The rank's output and stack capture (see ``_rankio``); none in the client's own
+    process (the debug runtime: its output is already on the client's console)."""
+    if not files:
+        return _NoCapture()
+    directory, output, client_pid, client_host = files
+    if client_pid == os.getpid() and client_host == _host():
+        return _NoCapture()
+    from hetflow.executors._rankio import Capture
+
+    return Capture(directory, rank, output)
 
 
 #: How a rank waits for its peers before a task starts (:func:`arrive`): this many polls,

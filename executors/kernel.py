@@ -60,7 +60,9 @@ from parsl.executors.base import ParslExecutor
 from parsl.executors.errors import InvalidResourceSpecification
 
 from hetflow import errors, tables
+from hetflow.apps import ARGUMENTS_KWARG
 from hetflow.errors import ConfigError, ExecutorBroken, NotSupported, ResourcesUnavailable
+from hetflow.executors import rankio
 from hetflow.executors._rank import TaskPayload, collect
 from hetflow.executors.allocation import default_slots
 from hetflow.executors.scheduler import SlotScheduler
@@ -139,6 +141,8 @@ class Task:
     deadline: Optional[Deadline] = None
     #: The runtime's own handle on the running task (a launch, an RP task, ...).
     handle: Any = None
+    #: Its files dir as the client follows it (rank output, returned ranks, stacks).
+    files: Optional[rankio.TaskFiles] = None
 
     @property
     def done(self) -> bool:
@@ -153,6 +157,15 @@ class Executor(ParslExecutor):
     #: it calls :meth:`_launched` when the task's processes start, and the walltime counts
     #: from there. Otherwise the task counts as launched when ``_start`` is called.
     reports_launch: bool = False
+    #: Where the ranks' output goes: ``"console"`` (the client's stdout, each line prefixed
+    #: ``[task N rank R]``), ``"files"`` (``<runtime dir>/output/task-NNNNNN.log``), a text
+    #: stream, or ``"off"`` (not captured). ``hetflow.runtime(output=...)`` sets it.
+    output: Any = "console"
+    #: Seconds after a task's first rank returned before a warning names the ranks still
+    #: running (see :mod:`hetflow.executors.rankio`).
+    hang_warning_s: float = rankio.HANG_WARNING_S
+    #: A progress display (``hetflow._progress.Campaign``) told of every task, or None.
+    progress: Any = None
 
     def __init__(self, label: str, *, max_ranks: Optional[int] = None,
                  gpus: Optional[int] = None, max_bypass: int = 16, **parsl_options):
@@ -201,9 +214,11 @@ class Executor(ParslExecutor):
 
     # ------------------------------------------------------------------ Parsl's executor API
     def start(self) -> None:
-        self.run_root = os.path.join(self.run_dir, self.label)
+        self.run_root = os.path.abspath(os.path.join(self.run_dir, self.label))
         from hetflow.executors.taskdir import private_dir
         private_dir(self.run_root)
+        rankio.check_output(self.output)
+        self._follower = rankio.Follower(f"{self.label}-output", lambda: self.hang_warning_s)
         self._start_runtime()
         self._dispatcher = threading.Thread(target=self._dispatch_loop, daemon=True,
                                             name=f"{self.label}-dispatch")
@@ -217,10 +232,19 @@ class Executor(ParslExecutor):
         future: Future = Future()
         task_id = next(self._ids)
         future.parsl_executor_task_id = task_id
-        args, kwargs = tables.prepare(self, resources, args, kwargs)
+        # The arguments were pickled once at the call (hetflow.apps), unless a Future among
+        # them was resolved since, or a table among them is carried another way now: then
+        # they are pickled here.
+        arguments = kwargs.pop(ARGUMENTS_KWARG, None)
+        prepared_args, prepared_kwargs = tables.prepare(self, resources, args, kwargs)
+        if prepared_args is not args or prepared_kwargs is not kwargs:
+            args, kwargs, arguments = prepared_args, prepared_kwargs, None
+        files = (self._files_dir(task_id), self.output != "off", os.getpid(),
+                 os.uname().nodename)
         payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
                               resources=resources,
-                              tables=os.path.join(self.run_root, tables.TABLES_DIR)).dumps()
+                              tables=os.path.join(self.run_root, tables.TABLES_DIR),
+                              files=files, arguments=arguments).dumps()
         task = Task(task_id, resources, payload, future,
                     TaskTimes(executor=self.label, ranks=resources.ranks, submitted=time.time()))
         future.hetflow_task = task
@@ -230,6 +254,8 @@ class Executor(ParslExecutor):
             self._live[future] = task
             self._scheduler.push(task, self._slots_needed(resources))
             self._kick()
+        if self.progress is not None:
+            self.progress.submitted(task_id)
         return future
 
     def check_resources(self, resources: Resources) -> None:
@@ -265,6 +291,7 @@ class Executor(ParslExecutor):
             if self._stopping:
                 return
             self._stopping = True
+            self._follower.close()
             queued = [entry[0] for entry in self._scheduler.queue]
             self._scheduler.queue.clear()
             running = [t for t in self._live.values() if t not in queued]
@@ -314,11 +341,18 @@ class Executor(ParslExecutor):
         if task.deadline is not None:
             task.deadline.cancel()
         error = task.error or error
+        if task.files is not None:     # every line the ranks wrote is out before the result
+            self._follower.remove(task.files)
+            task.files.close(success=error is None)
+            if isinstance(error, errors.TaskLost) and not getattr(error, "output_tail", ""):
+                error.output_tail = task.files.text()[-2000:]   # what the ranks said last
         if root is not None:
             task.times.started, task.times.finished = root.started, root.finished
         task.times.delivered = time.time()
         task.state = TaskState.of_outcome(error)
         task.payload = b""
+        if self.progress is not None:
+            self.progress.finished(task.id, task.state)
         if error is not None:
             task.future.set_exception(error)
         else:
@@ -392,11 +426,40 @@ class Executor(ParslExecutor):
                 task, errors.walltime_exceeded(task.id, self.label, task.resources.walltime)))
 
     def _halt(self, task: Task, error: Optional[BaseException]) -> None:
-        """Decide ``task``'s verdict (if given and none yet) and have the runtime stop it."""
+        """Decide ``task``'s verdict (if given and none yet) and have the runtime stop it.
+
+        A running task's verdict carries which ranks had returned and the Python stacks of
+        those still running, taken just before they are stopped."""
         if error is not None and task.error is None:
+            if task.files is not None and not task.done:
+                self._explain(task, error)
             task.error = error
         if not task.done:
             self._stop(task, error)
+
+    def _explain(self, task: Task, error: BaseException) -> None:
+        files = task.files
+        files.check_returned(float("inf"))
+        running = files.running()
+        stacks = rankio.stacks(files.directory, running) if running else {}
+        state = files.hang_text(named=False) if files.returned else ""
+        silent = [r for r in running if r not in stacks]
+        if silent:
+            state += ("; " if state else "") + (f"no stack from rank(s) {silent} (not started, "
+                                                f"or not on this node)")
+        errors.with_stacks(error, state, stacks)
+
+    def _files_dir(self, task_id: int) -> str:
+        return os.path.join(self.run_root, f"task-{task_id:06d}")
+
+    def _follow(self, task: Task) -> None:
+        """Make the task's files dir (owner-only) and follow it while the task runs."""
+        if task.files is None:
+            directory = rankio.private_dir(self._files_dir(task.id))
+            task.files = rankio.TaskFiles(task, self.label, directory, self.output,
+                                          self.run_root, self._follower.write_lock,
+                                          getattr(self.progress, "paused", None))
+        self._follower.add(task.files)
 
     # ------------------------------------------------------------------ dispatch
     def _kick(self) -> None:
@@ -419,7 +482,10 @@ class Executor(ParslExecutor):
             for task, _ in ready:
                 if not self.reports_launch:
                     self.launched(task)
+                if self.progress is not None:
+                    self.progress.started(task.id)
                 try:
+                    self._follow(task)
                     self._start(task)
                 except BaseException as exc:  # noqa: BLE001 - the future must learn of it
                     self.finish(task, error=exc)

@@ -9,6 +9,8 @@ Prints one table and the ratios against mpirun. Never fails on a time: it only r
 ``--auth``: the pool with its message signing on (the default) against the same
 build with ``authenticate=False``, in one run, alternating the two ``--rounds``
 times (the machine's load drifts) and reporting each one's best round.
+``--output``: the same for the ranks' output forwarded (to a stream: the console's path,
+writing to /dev/null) against ``output="off"``, each rank printing one line per task.
 """
 from __future__ import annotations
 
@@ -25,20 +27,25 @@ def noop(comm):
     return None
 
 
-def measure(name: str, n: int, options: dict) -> dict:
+@hetflow.mpi_app(ranks=2)
+def say(comm):
+    print("a line from rank", comm.Get_rank())
+
+
+def measure(name: str, n: int, options: dict, app=noop) -> dict:
     t0 = time.perf_counter()
     with hetflow.runtime(name, **options):
         start_s = time.perf_counter() - t0
-        noop().result()                                      # warm: imports on the ranks
+        app().result()                                       # warm: imports on the ranks
         overheads = []
         t = time.perf_counter()
         for _ in range(n):
-            fut = noop()
+            fut = app()
             fut.result()
             overheads.append(hetflow.task_times(fut).overhead_s)
         sequential_s = time.perf_counter() - t
         t = time.perf_counter()
-        futs = [noop() for _ in range(n)]
+        futs = [app() for _ in range(n)]
         for fut in futs:
             fut.result()
         batch_s = time.perf_counter() - t
@@ -117,18 +124,37 @@ def auth_cost(n: int, max_ranks: int, rounds: int) -> int:
     The HMAC work itself is timed apart: one 2-rank task is four signed messages (a task
     frame to each rank, an outcome from each), each signed by one side, checked by the other.
     """
+    on_off("auth", "authentication", n, rounds, {"max_ranks": max_ranks, "authenticate": True},
+           {"max_ranks": max_ranks, "authenticate": False})
+    print(f"HMAC work per 2-rank task (4 messages signed and checked, timed apart): "
+          f"{hmac_work_us():.1f} us")
+    return 0
+
+
+def output_cost(n: int, max_ranks: int, rounds: int) -> int:
+    """The pool's per-task overhead and tasks/s with the ranks' output forwarded and off."""
+    import os
+
+    with open(os.devnull, "w") as sink:
+        on_off("output", "forwarding each rank's line", n, rounds,
+               {"max_ranks": max_ranks, "output": sink}, {"max_ranks": max_ranks, "output": "off"},
+               app=say)
+    return 0
+
+
+def on_off(label: str, what: str, n: int, rounds: int, on: dict, off: dict, app=noop) -> None:
+    """The pool with options ``on`` and ``off``, alternating rounds; best and median rounds."""
     runs = {"on": [], "off": []}
     for i in range(rounds):
-        for auth in ((True, False) if i % 2 == 0 else (False, True)):
-            runs["on" if auth else "off"].append(
-                measure("pool", n, {"max_ranks": max_ranks, "authenticate": auth}))
+        for key in (("on", "off") if i % 2 == 0 else ("off", "on")):
+            runs[key].append(measure("pool", n, on if key == "on" else off, app=app))
     fields = (("overhead_ms", min), ("overhead_p50_ms", min), ("sequential_ms", min),
               ("tasks_per_s", max))
     best = {k: {f: pick(r[f] for r in v) for f, pick in fields} for k, v in runs.items()}
     median = {k: {f: statistics.median(r[f] for r in v) for f, _ in fields}
               for k, v in runs.items()}
-    print(f"pool, {n} 2-rank no-op tasks, {rounds} rounds (order alternating)")
-    print(f"{'auth':12} {'overhead ms':>12} {'p50 ms':>8} {'seq ms/task':>12} {'tasks/s':>9}")
+    print(f"pool, {n} 2-rank {app.__name__} tasks, {rounds} rounds (order alternating)")
+    print(f"{label:12} {'overhead ms':>12} {'p50 ms':>8} {'seq ms/task':>12} {'tasks/s':>9}")
     for label, table in (("best", best), ("median", median)):
         for key in ("on", "off"):
             r = table[key]
@@ -136,13 +162,10 @@ def auth_cost(n: int, max_ranks: int, rounds: int) -> int:
                   f"{r['sequential_ms']:12.3f} {r['tasks_per_s']:9.1f}")
     for label, table in (("best", best), ("median", median)):
         on, off = table["on"], table["off"]
-        print(f"authentication costs ({label}): overhead "
+        print(f"{what} costs ({label}): overhead "
               f"x{on['overhead_ms'] / off['overhead_ms']:.3f} "
               f"(p50 x{on['overhead_p50_ms'] / off['overhead_p50_ms']:.3f}), "
               f"throughput x{on['tasks_per_s'] / off['tasks_per_s']:.3f}")
-    print(f"HMAC work per 2-rank task (4 messages signed and checked, timed apart): "
-          f"{hmac_work_us():.1f} us")
-    return 0
 
 
 def hmac_work_us(repeat: int = 20000) -> float:
@@ -175,10 +198,14 @@ def main(argv=None) -> int:
     parser.add_argument("--pipeline-rows", type=int, default=1_000_000)
     parser.add_argument("--auth", action="store_true",
                         help="the pool with authentication on vs off (see the docstring)")
+    parser.add_argument("--output", action="store_true",
+                        help="the pool with rank output forwarded vs off (see the docstring)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     if args.auth:
         return auth_cost(args.n, args.max_ranks, args.rounds)
+    if args.output:
+        return output_cost(args.n, args.max_ranks, args.rounds)
     available = hetflow.available_runtimes()
     rows = []
     for name in args.runtimes:

@@ -31,7 +31,7 @@ _LAZY = {
     "mpi_app": "hetflow.apps", "MPIApp": "hetflow.apps", "current_comm": "hetflow._task",
     "runtime": "hetflow.runtime", "available_runtimes": "hetflow.runtime",
     "task_times": "hetflow.tasks", "TaskTimes": "hetflow.tasks", "TaskState": "hetflow.tasks",
-    "cancel": "hetflow.tasks", "task_state": "hetflow.tasks",
+    "cancel": "hetflow.tasks", "task_state": "hetflow.tasks", "task_output": "hetflow.tasks",
     "keep": "hetflow.resident", "Resident": "hetflow.resident", "TableHandle": "hetflow.tables",
     "InvalidResourceSpec": "hetflow.executors.kernel",
 }

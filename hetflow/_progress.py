@@ -71,3 +71,54 @@ def waiting(what: str, stream: Optional[TextIO] = None,
         ticker.join()
         for line in shown:
             line.close()
+
+
+class Campaign:
+    """A user's tasks on a terminal: one tqdm bar, tasks done of those submitted, with how
+    many run and how many failed. The kernel calls it; ``hetflow.runtime(progress=...)``
+    makes it (by default only when stderr is a terminal)."""
+
+    def __init__(self, label: str, stream: Optional[TextIO] = None):
+        from tqdm import tqdm
+
+        self._lock = threading.Lock()
+        self._running: set = set()
+        self._failed = 0
+        self._bar = tqdm(total=0, desc=f"{label} tasks", file=sys.stderr if stream is None
+                         else stream, unit="task", leave=True, dynamic_ncols=True)
+
+    def submitted(self, task_id: int) -> None:
+        with self._lock:
+            self._bar.total += 1
+            self._show()
+
+    def started(self, task_id: int) -> None:
+        with self._lock:
+            self._running.add(task_id)
+            self._show()
+
+    def finished(self, task_id: int, state) -> None:
+        with self._lock:
+            self._running.discard(task_id)
+            if state != "DONE":
+                self._failed += 1
+            self._bar.update(1)
+            self._show()
+
+    def _show(self) -> None:
+        self._bar.set_postfix_str(f"running {len(self._running)}, failed {self._failed}",
+                                  refresh=True)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Clear the bar while other lines print (the ranks' output), then redraw it."""
+        with self._lock:
+            self._bar.clear()
+            try:
+                yield
+            finally:
+                self._bar.refresh()
+
+    def close(self) -> None:
+        with self._lock:
+            self._bar.close()

@@ -98,6 +98,8 @@ class TaskLost(TaskFailed):
         text = super().__str__()
         if self.stderr_tail:
             text += "\n\nLauncher stderr (tail):\n" + self.stderr_tail.rstrip()
+        if getattr(self, "output_tail", ""):
+            text += "\n\nThe task's rank output (tail):\n" + self.output_tail.rstrip()
         return text
 
 
@@ -153,6 +155,20 @@ def walltime_exceeded(task_id, executor: str, walltime, detail: str = "") -> Wal
     """The task ran past its walltime; ``detail`` says what the runtime did about its ranks."""
     return WalltimeExceeded(f"task {task_id} ({executor}) exceeded its walltime of {walltime} s "
                             f"and was stopped{detail}", walltime=walltime, task_id=task_id)
+
+
+def with_stacks(error: BaseException, state: str, stacks: dict) -> BaseException:
+    """``error`` (a task stopped while running) with ``state`` (which ranks had returned,
+    which still ran) and ``stacks`` (``{rank: Python stack}``, taken as it was stopped) in its
+    message; ``error.stacks`` keeps them."""
+    text = error.args[0] if error.args else str(error)
+    if state:
+        text += f"; {state}"
+    for rank, stack in sorted(stacks.items()):
+        text += f"\n\nPython stack of rank {rank} when the task was stopped:\n{stack.rstrip()}"
+    error.args = (text,) + tuple(error.args[1:])
+    error.stacks = dict(stacks)
+    return error
 
 
 def cancelled(task_id, executor: str, running: bool) -> TaskCancelled:

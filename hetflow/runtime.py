@@ -115,7 +115,9 @@ def make_config(executor, *, run_dir: str, monitoring=None, memoizer=None, **con
 @contextlib.contextmanager
 def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir: bool = False,
             monitoring=None, memoizer=None, checkpoint: Optional[str] = None,
-            config_options: Optional[dict] = None, **executor_options) -> Iterator[Any]:
+            config_options: Optional[dict] = None, output: Any = "console",
+            progress: Optional[bool] = None, hang_warning_s: Optional[float] = None,
+            **executor_options) -> Iterator[Any]:
     """Start runtime ``name`` (``"mpirun"``, ``"parsl"``, ``"radical"``, ``"pool"``) for the block.
 
     Yields the Parsl DataFlowKernel; MPI apps called inside the block run on it.
@@ -125,7 +127,12 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
     it (``LaunchError.logs``: they stay, and a note on the error says so).
     ``checkpoint`` (a directory) journals every finished task's result there; a
     later runtime with the same directory skips those tasks (see
-    :mod:`hetflow.journal`). Extra keywords go to the executor.
+    :mod:`hetflow.journal`). ``output``: where the ranks' stdout and stderr go
+    (``"console"``: the client's stdout, each line prefixed ``[task N rank R]``;
+    ``"files"``: one file per task in the runtime's dir; ``"off"``; or a text stream).
+    ``progress``: a bar of the block's tasks on stderr (default: when stderr is a
+    terminal). ``hang_warning_s``: seconds after a task's first rank returned before a
+    warning names the ranks still running. Extra keywords go to the executor.
 
     Every process the runtime starts dies with the client, however the client
     ends (``kill -9`` included): a guardian process watches it (see
@@ -155,8 +162,16 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
     # Before any executor starts: everything it starts carries the guardian's token, so
     # it all dies with the client, however the client dies (see hetflow._guardian).
     guardian = Guardian(base, remove=owned and not keep_run_dir)
+    campaign = None
     try:
         executor = cls(**executor_options)
+        executor.output = output
+        if hang_warning_s is not None:
+            executor.hang_warning_s = hang_warning_s
+        from hetflow import _progress
+
+        if progress or (progress is None and _progress.enabled()):
+            campaign = executor.progress = _progress.Campaign(name)
         config = make_config(executor, run_dir=os.path.join(base, "runinfo"), monitoring=monitoring,
                              memoizer=memoizer, **(config_options or {}))
         # Parsl's run info, logs and certificates, and the processes the executor starts
@@ -167,6 +182,8 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
         dfk.hetflow_token = guardian.token
     except BaseException as exc:
         guardian.stop()
+        if campaign is not None:
+            campaign.close()
         if owned and not keep_run_dir:
             if any(within(str(p), base) for p in getattr(exc, "logs", ())):
                 # The error points at logs in the run dir (a launcher's stderr, a pilot's
@@ -182,6 +199,8 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
         try:
             dfk.cleanup()
         finally:
+            if campaign is not None:
+                campaign.close()
             parsl.clear()
             try:
                 # What the executors' shutdown ended may still be exiting: the close

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Dict, Optional
 
 from hetflow.errors import NotSupported, TaskCancelled
 
@@ -46,7 +46,10 @@ class TaskTimes:
 
     submitted: the executor accepted the task; launched: its processes / slot were
     started; started and finished: rank 0 entered and left the user function;
-    delivered: the result was set on the future.
+    delivered: the result was set on the future. ``returned``: when each rank's function
+    returned (or raised), by rank, as the client saw its mark; a running task whose
+    ``returned`` names some ranks but not all has ranks still at work, or waiting for the
+    returned ones (see ``hetflow.task_output`` and the warning in the API docs).
     """
 
     executor: str
@@ -56,6 +59,7 @@ class TaskTimes:
     started: float = float("nan")
     finished: float = float("nan")
     delivered: float = float("nan")
+    returned: Dict[int, float] = field(default_factory=dict)
 
     @property
     def queue_s(self) -> float:
@@ -104,6 +108,15 @@ def task_times(future) -> Optional[TaskTimes]:
     """The :class:`TaskTimes` of a task, from its AppFuture or executor future (None if unknown)."""
     task = _executor_task(_record(future)[1])
     return task.times if task is not None else None
+
+
+def task_output(future) -> str:
+    """The last 64 KiB of the task's rank output, as whole lines prefixed
+    ``[task N rank R]`` ("" where the runtime's ``output`` is ``"off"``); while the task
+    runs, what was read so far."""
+    task = _executor_task(_record(future)[1])
+    files = getattr(task, "files", None)
+    return files.text() if files is not None else ""
 
 
 def task_state(future) -> TaskState:
