@@ -298,12 +298,12 @@ class Executor(ParslExecutor):
             if self._stopping:
                 return
             self._stopping = True
-            if self._follower is not None:
-                self._follower.close()
             queued = [entry[0] for entry in self._scheduler.queue]
             self._scheduler.queue.clear()
             running = [t for t in self._live.values() if t not in queued]
             self._kick()
+        if self._follower is not None:
+            self._follower.close()
         for task in queued:
             self.finish(task, error=errors.shut_down(task.id, self.label))
         for task in running:

@@ -79,7 +79,8 @@ class TaskFiles:
         self.run_root = run_root
         self._write_lock = write_lock
         self._paused = paused      # a context that clears a progress bar while lines print
-        self._mutex = threading.Lock()
+        # Reentrant: the follower and a thread stopping the task both read ``returned``.
+        self._mutex = threading.RLock()
         self._handles: Dict[int, object] = {}
         self._partial: Dict[int, bytes] = {}
         self._tail = bytearray()
@@ -158,6 +159,10 @@ class TaskFiles:
 
     # ------------------------------------------------------------------ returned ranks
     def check_returned(self, hang_warning_s: float) -> None:
+        with self._mutex:
+            self._check_returned(hang_warning_s)
+
+    def _check_returned(self, hang_warning_s: float) -> None:
         for rank in range(self.ranks):
             if rank not in self.returned:
                 for directory in self.directories:
@@ -177,6 +182,10 @@ class TaskFiles:
 
     def hang_text(self, waited: Optional[float] = None, named: bool = True) -> str:
         """Which ranks returned (and when, from the launch) and which still run."""
+        with self._mutex:
+            return self._hang_text(waited, named)
+
+    def _hang_text(self, waited, named) -> str:
         launched = self.task.times.launched
         done = ", ".join(f"{r} at +{max(0.0, t - launched):.1f} s"
                          for r, t in sorted(self.returned.items()))
@@ -190,7 +199,8 @@ class TaskFiles:
         return text
 
     def running(self) -> list:
-        return [r for r in range(self.ranks) if r not in self.returned]
+        with self._mutex:
+            return [r for r in range(self.ranks) if r not in self.returned]
 
     # ------------------------------------------------------------------ the end
     def close(self, success: bool) -> None:
