@@ -236,11 +236,12 @@ def _nothing():
 def node_root(run_root: str, label: str) -> str:
     """Where ranks on the client's node write: a fresh owner-only dir in memory
     (``/dev/shm``: a file there costs microseconds, on a busy disk milliseconds, per
-    task), else the run dir."""
+    task), else the run dir. Named after the client's pid: if the client is killed, its
+    guardian removes it (``hetflow._guardian``)."""
     import tempfile
 
     try:
-        return tempfile.mkdtemp(prefix=f"hetflow-{label}-", dir="/dev/shm")
+        return tempfile.mkdtemp(prefix=f"hetflow-{os.getpid()}-{label}-", dir="/dev/shm")
     except OSError:
         return run_root
 
