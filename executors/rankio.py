@@ -93,7 +93,7 @@ class TaskFiles:
     def poll(self, final: bool = False) -> None:
         """Hand on every whole line written since the last poll (``final``: the rest too)."""
         with self._mutex:
-            if self.closed:
+            if self.closed or self.output == "off":    # off: the ranks write no out-<r>
                 return
             lines = []
             for rank in range(self.ranks):
