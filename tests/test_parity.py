@@ -270,7 +270,8 @@ def test_cancel_running_task(runtime_name, executor):
         with pytest.raises(hetflow.TaskCancelled) as info:
             fut.result(timeout=45)
         assert time.time() - start < 45
-        assert "time.sleep(seconds)" in info.value.stacks[0], str(info.value)
+        # in the app from its marker on (maybe still closing the marker, not yet asleep)
+        assert " in mark_and_sleep" in info.value.stacks[0], str(info.value)
 
 
 # ----------------------------------------------------------------------------- tables handed over
