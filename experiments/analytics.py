@@ -293,10 +293,10 @@ def hetflow_task(comm, rows: int, repeats: int, out_dir: str, queries: Sequence[
             right_local = dimension(q, rows, *_span(n, rank, size))
             left = frame.from_local(comm, big.select(left_columns(q)))
             right = frame.from_local(comm, right_local)
-            run = lambda: frame.join(left, right, on=q.key, how=q.how)  # noqa: E731
+            run = lambda left=left, right=right, q=q: frame.join(left, right, on=q.key, how=q.how)  # noqa: E731
         else:
             spec = {m: list(AGGS) for m in MEASURES}
-            run = lambda: table.groupby(list(q.by)).agg(spec)  # noqa: E731
+            run = lambda q=q, spec=spec: table.groupby(list(q.by)).agg(spec)  # noqa: E731
         seconds, peak, before, out = _timed(run, repeats, lambda: barrier(comm))
         partition = big.nbytes + (right_local.nbytes if right_local is not None else 0)
         mine = {"peak_mb": peak, "before_mb": before, "partition_mb": partition / 2**20,

@@ -366,7 +366,8 @@ def _analytics(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
               "Peak RSS: the process's peak resident set during the query's first run (reset "
               "before it), the input included; partition: the rank's part of the big table (all "
               "its columns) plus its part of the query's right-hand table; peak above: the "
-              "query's own memory, the peak less the resident set just before the query. Equal: group-by results compared with the "
+              "query's own memory, the peak less the resident set just before the query. "
+              "Equal: group-by results compared with the "
               "first peer's after sorting by the keys (floats to a relative 1e-9), join results by "
               "an order-independent digest of every row.", ""]
     return lines, []
