@@ -59,10 +59,12 @@ def column_tensor(column, name: str, fill=None, dtype: Optional[torch.dtype] = N
     if _fixed_width_numeric(column.type) and column.type != pa.float16():
         tensor = torch.from_dlpack(column) if len(column) else torch.from_numpy(
             np.empty(0, column.type.to_pandas_dtype()))
-    else:
+    else:   # bit-packed booleans, half floats: Arrow converts them into a fresh array
         values = column.to_numpy(zero_copy_only=False)
-        tensor = torch.from_numpy(np.ascontiguousarray(values).copy())
-        copied += tensor.numel() * tensor.element_size()
+        if not values.flags.writeable:
+            values = values.copy()
+        tensor = torch.from_numpy(values)
+        copied += values.nbytes
     if dtype is not None and tensor.dtype != dtype:
         tensor = tensor.to(dtype)
         copied += tensor.numel() * tensor.element_size()
