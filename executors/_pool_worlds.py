@@ -173,8 +173,8 @@ class Worlds:
         """End a rank's process (MPI cannot interrupt a rank waiting in a collective).
 
         Its control thread ends it (exit code ``KILLED_EXIT``): Hydra keeps the world up
-        after a rank that exits, and with it the other ranks and what they keep, where a
-        SIGKILLed rank made it end the whole world (MPICH 5.0.2, a 3- and a 4-rank pool).
+        after ranks that exit, and with it the other ranks and what they keep, where a
+        SIGKILLed rank made it end the whole world (MPICH 5.0.2, 3- and 4-rank pools).
         A rank of this host still there after :data:`KILL_GRACE_S` (its control thread
         could not run) is SIGKILLed."""
         self.send(wire.control_identity(slot.identity), [wire.KILL])

@@ -57,7 +57,8 @@ class TaskPayload:
     """
 
     def __init__(self, task_id: int, func: Callable, args: tuple, kwargs: dict, resources,
-                 tables: str | None = None, files: tuple | None = None):
+                 tables: str | None = None, files: tuple | None = None,
+                 arguments: bytes | None = None):
         self.task_id = task_id
         self.func = func
         self.args = args
@@ -68,6 +69,7 @@ class TaskPayload:
         #: ``(dir, capture_output, client_pid, client_host)``: where the ranks leave their
         #: output and stacks (see ``_rankio``), or None for no capture at all.
         self.files = files
+        self._arguments = arguments      # (args, kwargs) as the client pickled them once
 
     @property
     def resources(self):
@@ -84,6 +86,9 @@ class TaskPayload:
             import dataclasses
 
             resources = dataclasses.asdict(resources)
+        if self._arguments is not None:
+            return (_with_arguments, (self.task_id, self.func, self._arguments, resources,
+                                      self.tables, self.files))
         return (TaskPayload, (self.task_id, self.func, self.args, self.kwargs, resources,
                               self.tables, self.files))
 
@@ -96,6 +101,13 @@ class TaskPayload:
         from hetflow.executors import _pickling
 
         return _pickling.dumps(self)
+
+
+def _with_arguments(task_id: int, func: Callable, arguments: bytes, resources, tables,
+                    files) -> TaskPayload:
+    """A payload whose arguments the client pickled at the call (nested in the payload)."""
+    args, kwargs = pickle.loads(arguments)
+    return TaskPayload(task_id, func, args, kwargs, resources, tables, files)
 
 
 class RankOutcome:

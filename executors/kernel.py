@@ -60,6 +60,7 @@ from parsl.executors.base import ParslExecutor
 from parsl.executors.errors import InvalidResourceSpecification
 
 from hetflow import errors, tables
+from hetflow.apps import ARGUMENTS_KWARG
 from hetflow.errors import ConfigError, ExecutorBroken, NotSupported, ResourcesUnavailable
 from hetflow.executors import rankio
 from hetflow.executors._rank import TaskPayload, collect
@@ -231,13 +232,19 @@ class Executor(ParslExecutor):
         future: Future = Future()
         task_id = next(self._ids)
         future.parsl_executor_task_id = task_id
-        args, kwargs = tables.prepare(self, resources, args, kwargs)
+        # The arguments were pickled once at the call (hetflow.apps), unless a Future among
+        # them was resolved since, or a table among them is carried another way now: then
+        # they are pickled here.
+        arguments = kwargs.pop(ARGUMENTS_KWARG, None)
+        prepared_args, prepared_kwargs = tables.prepare(self, resources, args, kwargs)
+        if prepared_args is not args or prepared_kwargs is not kwargs:
+            args, kwargs, arguments = prepared_args, prepared_kwargs, None
         files = (self._files_dir(task_id), self.output != "off", os.getpid(),
                  os.uname().nodename)
         payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
                               resources=resources,
                               tables=os.path.join(self.run_root, tables.TABLES_DIR),
-                              files=files).dumps()
+                              files=files, arguments=arguments).dumps()
         task = Task(task_id, resources, payload, future,
                     TaskTimes(executor=self.label, ranks=resources.ranks, submitted=time.time()))
         future.hetflow_task = task

@@ -55,7 +55,7 @@ from hetflow.errors import ConfigError, ExecutorBroken, LaunchError, ResourcesUn
 from hetflow.executors import _pool_wire as wire
 from hetflow.executors._pool_faults import RunningTask, settle_lost
 from hetflow.executors._pool_sched import PoolScheduler
-from hetflow.executors.allocation import BatchAllocation, request_slots
+from hetflow.executors.providers import Provider, provider_for
 from hetflow.executors._pool_worlds import (TEARDOWN_GRACE_S, Slot, World, Worlds,
                                              launcher_prefix)
 from hetflow.executors._rank import collect
@@ -97,11 +97,12 @@ class PoolExecutor(Executor):
         (default 1 when the machine has GPUs, else 0).
     heartbeat_s / lost_after_s: rank heartbeats, and the silence that marks a remote rank lost.
     start_timeout: seconds for a world to register before LaunchError.
-    slurm: start the pool as a batch user would from a login node: ask Slurm for an
-        allocation (``{"nodes": 2, "ntasks": 4, "partition": ..., "time": "30"}``, see
-        :class:`~hetflow.executors.allocation.BatchAllocation`), run the world in it with
-        ``srun --jobid``, give it back at shutdown. ``max_ranks`` defaults to ``ntasks``,
-        else the nodes' CPUs.
+    provider: where the world runs (:mod:`hetflow.executors.providers`): this machine, the
+        allocation hetflow runs in, or a batch job of its own. ``slurm={"nodes": 2,
+        "ntasks": 4, "partition": ..., "time": "30"}`` is short for
+        ``provider=SlurmJob(...)``: the pool asks Slurm for an allocation as a batch user
+        would from a login node, runs the world in it with ``srun --jobid``, and gives it
+        back at shutdown; ``max_ranks`` defaults to ``ntasks``, else the nodes' CPUs.
     authenticate: sign and check every message on the pool's socket (see ``_pool_wire``);
         False only to measure what that costs (``experiments/pool_bench.py --auth``).
 
@@ -119,18 +120,17 @@ class PoolExecutor(Executor):
                  gpus_per_rank: Optional[int] = None, env: Optional[Dict[str, str]] = None,
                  python: Optional[str] = None, heartbeat_s: float = 1.0,
                  lost_after_s: float = 10.0, start_timeout: float = 120.0, max_bypass: int = 16,
-                 slurm: Optional[dict] = None,
+                 slurm: Optional[dict] = None, provider: Optional[Provider] = None,
                  authenticate: bool = True):
-        self.batch = None
-        if slurm is not None:     # a pilot started by the batch system: its own allocation
+        self.runs_on = provider_for(slurm, provider)
+        self.runs_on.check("pool")
+        if self.runs_on.pool_launcher() is not None:    # a place of its own: its launcher
             if hostfile is not None or launcher is not None:
-                raise ConfigError("give slurm= (the pool asks for its own allocation) or "
-                                  "hostfile=/launcher=, not both")
-            self.batch = BatchAllocation(slurm)
-            if max_ranks is None:
-                max_ranks = request_slots(slurm, "SALLOC_PARTITION")   # salloc's
-            self.batch.request.setdefault("ntasks", max_ranks)
-            launcher = ["srun", "--ntasks={ranks}", "--kill-on-bad-exit=0"]
+                raise ConfigError("give slurm=/provider= (the pool asks for its own "
+                                  "allocation) or hostfile=/launcher=, not both")
+            launcher = self.runs_on.pool_launcher()
+        if max_ranks is None:
+            max_ranks = self.runs_on.default_slots("pool")
         super().__init__(label, max_ranks=max_ranks, gpus=gpus, max_bypass=max_bypass)
         if hostfile is not None and not os.path.isfile(hostfile):
             raise ConfigError(f"hostfile {hostfile!r} does not exist")
@@ -192,9 +192,8 @@ class PoolExecutor(Executor):
     def _start_runtime(self) -> None:
         import zmq
 
-        if self.batch is not None:    # wait in the batch queue, then launch into the allocation
-            job = self.batch.submit(f"hetflow-{self.label}")
-            self.launcher = [self.launcher[0], f"--jobid={job}", *self.launcher[1:]]
+        self.runs_on.start("pool", f"hetflow-{self.label}", self.max_ranks)
+        self.launcher = self.runs_on.pool_launcher() or self.launcher
 
         # The key reaches the ranks as a 0600 file in the 0700 run dir (works on a shared
         # file system for multi-node pools); its path, never the key, is in their environment.
@@ -246,8 +245,7 @@ class PoolExecutor(Executor):
         try:
             self._stop_worlds()
         finally:
-            if self.batch is not None:
-                self.batch.release()
+            self.runs_on.stop()
 
     def _stop_worlds(self) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -269,6 +267,11 @@ class PoolExecutor(Executor):
     def release_resident(self, handle) -> None:
         """Drop the object behind a :class:`~hetflow.Resident` handle from its ranks."""
         self._post(("release", handle))
+
+    @property
+    def batch(self):
+        """The Slurm allocation the pool asked for (``slurm=``), once granted."""
+        return getattr(self.runs_on, "batch_allocation", None)
 
     @property
     def world_sizes(self) -> Dict[int, int]:
