@@ -144,6 +144,21 @@ try:
         pass
 except hetflow.ConfigError as exc:
     got["nccl"] = str(exc)
+# the rendezvous store itself: counters, compare-and-set and timeouts served by rank 0
+import datetime
+from hetflow.torch._store import MPIStore
+store = MPIStore(comm.Dup(), datetime.timedelta(seconds=30))
+store.add("n", rank + 1)
+comm.Barrier()
+won = store.compare_set("k", b"", b"r%d" % rank) == b"r%d" % rank
+comm.Barrier()
+got["store"] = (int(store.get("n")), won, store.get("k"), store.check(["n", "k"]))
+try:
+    store.wait(["never"], datetime.timedelta(seconds=0.3))
+    got["store_timeout"] = None
+except dist.DistStoreError as exc:
+    got["store_timeout"] = str(exc)
+store.close()
 mpiutil.report(got)
 """
 
@@ -162,6 +177,10 @@ def test_three_ranks_batches_and_groups():
     assert all(g["after_raise"] is False for g in got)
     assert all(g["again"] == [3.0, 3.0, 3.0] for g in got)
     assert all("CUDA device on every rank" in g["nccl"] for g in got)
+    assert [g["store"][0] for g in got] == [6, 6, 6]
+    assert sum(g["store"][1] for g in got) == 1, "compare_set let more than one rank win"
+    assert len({g["store"][2] for g in got}) == 1 and all(g["store"][3] for g in got)
+    assert all("timed out" in g["store_timeout"] for g in got), got
 
 
 def test_handoff_benchmark_counts_the_copies():
