@@ -196,3 +196,24 @@ def test_handoff_benchmark_counts_the_copies():
     assert got["one column"]["bytes_copied"] == {"hetflow": 0, "pandas": 4 * 1000 * 4}
     assert got["four columns"]["bytes_copied"] == {"hetflow": 4 * 1000 * 4,
                                                    "pandas": 4 * 1000 * 4 + 6 * 1000 * 4}
+
+
+@hetflow.mpi_app(ranks=1)
+def _one_rank_training(comm, raise_inside):
+    import torch.distributed as dist
+
+    with ht.process_group() as group:
+        if raise_inside:
+            raise ValueError("inside the group")
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        return group.size, group.backend, t.tolist(), dist.is_initialized()
+
+
+def test_debug_runtime_one_rank_group_and_a_raising_body():
+    # the debug runtime runs the task in this process: the group must be gone after each
+    with hetflow.runtime("debug"):
+        with pytest.raises(hetflow.TaskFailed, match="inside the group"):
+            _one_rank_training(True).result()
+        assert _one_rank_training(False).result() == (1, "gloo", [1.0, 1.0], True)
+    assert not torch.distributed.is_initialized()
