@@ -141,3 +141,34 @@ def test_pool_tables_outlive_a_task_that_failed_on_other_ranks(tmp_path):
                     for r in range(2)]
         assert key_sums(handle).result() == expected, executor.events
         assert not any("exited" in e for e in executor.events), executor.events
+
+
+@hetflow.mpi_app(ranks=2, executors="pool")          # one label, or a list
+def table_on_the_pool(comm, rows):
+    from hetflow import frame
+
+    return frame.generate(comm, rows, seed=7)
+
+
+@hetflow.mpi_app(ranks=3, returns="all", executors=["mpirun"])
+def parts_on_mpirun(comm, table):
+    return table.local
+
+
+def test_a_pool_table_feeds_a_task_on_another_runtime(tmp_path):
+    """Two runtimes in one Parsl config: the pool's table reaches an mpirun task inline."""
+    import parsl
+
+    from hetflow.executors.mpirun import MpirunExecutor
+    from hetflow.executors.pool import PoolExecutor
+
+    config = parsl.Config(executors=[MpirunExecutor(max_ranks=3), PoolExecutor(max_ranks=2)],
+                          run_dir=str(tmp_path), strategy="none")
+    with parsl.load(config) as dfk:
+        handle = table_on_the_pool(200).result(timeout=120)
+        assert handle.pool == dfk.executors["pool"].uid
+        parts = parts_on_mpirun(handle).result(timeout=120)
+        assert [p.num_rows for p in parts] == [133, 133, 134]
+        assert pa.concat_tables(parts).equals(whole(200))
+        for label in ("pool", "mpirun"):       # carried through the client: no file
+            assert not os.path.exists(os.path.join(dfk.executors[label].run_root, "tables"))
