@@ -162,3 +162,18 @@ def test_three_ranks_batches_and_groups():
     assert all(g["after_raise"] is False for g in got)
     assert all(g["again"] == [3.0, 3.0, 3.0] for g in got)
     assert all("CUDA device on every rank" in g["nccl"] for g in got)
+
+
+def test_handoff_benchmark_counts_the_copies():
+    # experiments/torch_bench.py's hand-off part, small: what it reports as copied is
+    # what the paths copy (its figures come from `python -m hetflow.experiments.torch_bench`)
+    from hetflow.experiments.torch_bench import handoff_compare
+
+    threads = torch.get_num_threads()
+    try:
+        got = handoff_compare(1, 1000)
+    finally:
+        torch.set_num_threads(threads)
+    assert got["one column"]["bytes_copied"] == {"hetflow": 0, "pandas": 4 * 1000 * 4}
+    assert got["four columns"]["bytes_copied"] == {"hetflow": 4 * 1000 * 4,
+                                                   "pandas": 4 * 1000 * 4 + 6 * 1000 * 4}
