@@ -7,7 +7,9 @@ walltimes, delivery with timestamps, and shutdown. A runtime only starts and
 stops work, through these hooks:
 
 ``_start(task)``            required. Run ``task`` on ``task.slots`` (rank slots the
-                            queue gave it); called on the kernel's dispatch thread,
+                            queue gave it) and ``task.devices`` (GPU ids: hand the
+                            ranks :meth:`Executor.rank_resources`, whose binding
+                            ``_rank.bind_rank_environment`` applies); called on the kernel's dispatch thread,
                             so hand long work to a thread or an event loop. When the
                             task ends, call :meth:`Executor.complete` with the ranks'
                             outcomes (or :meth:`Executor.finish` with a value or error).
@@ -33,12 +35,18 @@ own, and may change):
 ``release(slots)``          free slots a ``release=False`` delivery kept.
 ``requeue(*tasks, release=)``  queue running tasks again, first.
 ``dequeue(task)``           take a queued task out of the queue (True if it was there).
+``rank_resources(task)``    the task's resources as its ranks read them, with its devices.
 ``placement(wake=)``        a context holding the queue's lock, giving the runtime's
                             scheduler to read or reshape (add, remove, hold slots).
 ``live_tasks()``            the tasks not yet delivered, queued or running.
 ``fail_all(error_for)``     fail every task, queued or running, with ``error_for(task)``.
 ``call_later(s, fn)``       run ``fn`` on the kernel's timer thread in ``s`` seconds.
 ``stopping``                True once shutdown began.
+
+GPUs are scheduled like slots: ``gpus=`` (a count, or the device ids of a node) gives
+the queue its devices; a task needing ``ranks x gpus_per_rank`` waits until that many
+are free, and each of its ranks sees its own block in ``CUDA_VISIBLE_DEVICES``; a task
+needing none sees none (``""``) and runs beside it.
 
 A new runtime also registers its class in the ``hetflow.executors`` entry-point
 group. Every rank runs the shared runner (``_rank.run_on_rank``), so values and
@@ -47,6 +55,7 @@ errors are identical across runtimes by construction.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import sys
@@ -67,7 +76,7 @@ from hetflow.executors._rank import TaskPayload, collect
 from hetflow.executors.allocation import default_slots
 from hetflow.executors.scheduler import SlotScheduler
 from hetflow.executors.watch import Deadline, Watch
-from hetflow.spec import Resources, machine_gpus
+from hetflow.spec import Resources, gpu_ids
 from hetflow.tasks import TaskState, TaskTimes
 
 
@@ -136,6 +145,8 @@ class Task:
     times: TaskTimes
     state: TaskState = TaskState.NEW
     slots: list = field(default_factory=list)
+    #: The GPU ids the queue gave it (``ranks x gpus_per_rank`` of them, rank-major).
+    devices: list = field(default_factory=list)
     #: The verdict the kernel decided (walltime, cancel, shutdown); wins over the runtime's.
     error: Optional[BaseException] = None
     deadline: Optional[Deadline] = None
@@ -170,7 +181,7 @@ class Executor(ParslExecutor):
     _node_root: Optional[str] = None
 
     def __init__(self, label: str, *, max_ranks: Optional[int] = None,
-                 gpus: Optional[int] = None, max_bypass: int = 16, **parsl_options):
+                 gpus=None, max_bypass: int = 16, **parsl_options):
         super().__init__(**parsl_options)
         self.label = label
         # Inside a batch allocation the default is its CPUs, not this node's cores.
@@ -178,7 +189,10 @@ class Executor(ParslExecutor):
         if isinstance(self.max_ranks, bool) or not isinstance(self.max_ranks, int) \
                 or self.max_ranks < 1:
             raise ConfigError(f"max_ranks must be a positive int, got {max_ranks!r}")
-        self.gpus = machine_gpus() if gpus is None else gpus
+        #: The GPU ids tasks share (``gpus=``: a count, a list of ids, or None: this
+        #: machine's), and how many.
+        self.gpu_ids = gpu_ids(gpus)
+        self.gpus = len(self.gpu_ids)
         self._lock = threading.RLock()
         self._kicked = threading.Condition(self._lock)
         self._kick_pending = False
@@ -209,10 +223,13 @@ class Executor(ParslExecutor):
         pass
 
     def _make_scheduler(self, max_bypass: int) -> SlotScheduler:
-        return SlotScheduler(self.max_ranks, max_bypass=max_bypass)
+        return SlotScheduler(self.max_ranks, max_bypass=max_bypass, devices=self.gpu_ids)
 
     def _slots_needed(self, resources: Resources) -> int:
         return resources.cores
+
+    def _gpus_needed(self, resources: Resources) -> int:
+        return resources.ranks * resources.gpus_per_rank
 
     # ------------------------------------------------------------------ Parsl's executor API
     def start(self) -> None:
@@ -259,7 +276,7 @@ class Executor(ParslExecutor):
         with self._lock:
             task.state = TaskState.SCHEDULING
             self._live[future] = task
-            self._scheduler.push(task, self._slots_needed(resources))
+            self._scheduler.push(task, self._slots_needed(resources), self._gpus_needed(resources))
             self._kick()
         if self.progress is not None:
             self.progress.submitted(task_id)
@@ -276,7 +293,7 @@ class Executor(ParslExecutor):
         if resources.ranks * resources.gpus_per_rank > self.gpus:
             raise ResourcesUnavailable(
                 f"task needs {resources.ranks * resources.gpus_per_rank} GPU(s), but executor "
-                f"{self.label!r} sees {self.gpus} on this machine")
+                f"{self.label!r} has {self.gpus} ({self.gpu_ids})")
 
     def cancel(self, future: Future) -> bool:
         """Cancel a queued or running task: its future fails with TaskCancelled."""
@@ -347,6 +364,8 @@ class Executor(ParslExecutor):
                 return
             if release and task.slots:
                 self._scheduler.release(task.slots)
+            self._scheduler.release_devices(task.devices)
+            task.devices = []
             self._kick()
         if task.deadline is not None:
             task.deadline.cancel()
@@ -368,6 +387,14 @@ class Executor(ParslExecutor):
         else:
             task.future.set_result(value)
 
+    def rank_resources(self, task: Task) -> dict:
+        """The task's resources as its ranks read them (``meta.json``): the
+        :class:`~hetflow.spec.Resources` fields, plus ``devices``, the GPU ids its ranks
+        bind on their node (``_rank.bind_rank_environment``): none for a task needing none
+        when the runtime has GPUs; None (the launcher's binding stays) when it has none."""
+        return {**dataclasses.asdict(task.resources),
+                "devices": list(task.devices) if self.gpus else None}
+
     def release(self, slots) -> None:
         """Free slots outside :meth:`finish` (``release=False`` runtimes)."""
         with self._lock:
@@ -381,10 +408,13 @@ class Executor(ParslExecutor):
             for task in tasks:
                 if release and task.slots:
                     self._scheduler.release(task.slots)
+                self._scheduler.release_devices(task.devices)
                 if task.deadline is not None:
                     task.deadline.cancel()
-                task.slots, task.state, task.deadline = [], TaskState.SCHEDULING, None
-                self._scheduler.push_front(task, self._slots_needed(task.resources))
+                task.slots, task.devices = [], []
+                task.state, task.deadline = TaskState.SCHEDULING, None
+                self._scheduler.push_front(task, self._slots_needed(task.resources),
+                                           self._gpus_needed(task.resources))
             self._kick()
 
     def dequeue(self, task: Task) -> bool:
@@ -491,9 +521,10 @@ class Executor(ParslExecutor):
                     return
                 ready = self._scheduler.pop_ready()
                 head = self._scheduler.head()
-                for task, slots in ready:
-                    task.slots, task.state = list(slots), TaskState.EXECUTING
-            for task, _ in ready:
+                for task, slots, devices in ready:
+                    task.slots, task.devices = list(slots), list(devices)
+                    task.state = TaskState.EXECUTING
+            for task, *_ in ready:
                 if not self.reports_launch:
                     self.launched(task)
                 if self.progress is not None:
