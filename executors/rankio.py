@@ -366,13 +366,44 @@ def _holds(pid: int, path: str) -> bool:
 _RUNNER = re.compile(r'^\s+File ".*hetflow[/\\]_task\.py", line \d+ in __call__$')
 
 
+#: Frames of the runtime's own threads on a rank (a pool rank's control loop, zmq's, the
+#: threading module's): a thread made only of these is not the user's and is left out.
+_RUNTIME_FILE = re.compile(r'hetflow[/\\]executors[/\\]|[/\\]zmq[/\\]|[/\\]threading\.py$')
+
+
+def _task_thread_first(dump: str) -> str:
+    """faulthandler's dump with the thread running the task first, and without the threads
+    whose every frame is the runtime's own (a persistent rank's control thread): the user
+    reads where their function is before anything else."""
+    threads, current = [], None
+    for line in dump.splitlines():
+        if line and not line.startswith(" "):      # a thread's header
+            current = [line]
+            threads.append(current)
+        elif current is not None:
+            current.append(line)
+    if not threads:
+        return dump
+
+    def runs_task(block):
+        return any(_RUNNER.match(line) for line in block)
+
+    def runtime_only(block):
+        files = [m.group(1) for m in map(_FRAME.match, block) if m]
+        return bool(files) and all(_RUNTIME_FILE.search(f) for f in files)
+
+    ordered = ([b for b in threads if runs_task(b)]
+               + [b for b in threads if not runs_task(b) and not runtime_only(b)])
+    return "\n\n".join("\n".join(b).rstrip("\n") for b in ordered or threads)
+
+
 def with_source(dump: str) -> str:
     """faulthandler's dump with each frame's source line under it (read on the client: the
-    same files where the client and ranks share a file system), without the frames of
-    hetflow's runner below the task's function."""
+    same files where the client and ranks share a file system), the task's thread first and
+    without the frames of hetflow's runner below the task's function."""
     lines = []
     below = False
-    for line in dump.splitlines():
+    for line in _task_thread_first(dump).splitlines():
         if _RUNNER.match(line):
             below = True
         elif not line.startswith(" "):     # the next thread's header
