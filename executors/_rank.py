@@ -66,8 +66,8 @@ class TaskPayload:
         self._resources = resources
         #: Where a rank writes its partition of a returned DistributedTable (hetflow.tables).
         self.tables = tables
-        #: ``(dir, capture_output, client_pid, client_host)``: where the ranks leave their
-        #: output and stacks (see ``_rankio``), or None for no capture at all.
+        #: ``(dir_on_client_node, dir_elsewhere, capture_output, client_pid, client_host)``:
+        #: where the ranks leave their output and stacks (``_rankio``); None: no capture.
         self.files = files
         self._arguments = arguments      # (args, kwargs) as the client pickled them once
 
@@ -274,9 +274,19 @@ def _capture(files, rank: int):
     process (the debug runtime: its output is already on the client's console)."""
     if not files:
         return _NoCapture()
-    directory, output, client_pid, client_host = files
-    if client_pid == os.getpid() and client_host == _host():
-        return _NoCapture()
+    here, elsewhere, output, client_pid, client_host = files
+    if client_host == _host():
+        if client_pid == os.getpid():
+            return _NoCapture()
+        directory = here
+    else:
+        from hetflow._private import private_dir
+
+        directory = elsewhere
+        try:
+            private_dir(directory)
+        except OSError:
+            return _NoCapture()
     from hetflow.executors._rankio import Capture
 
     return Capture(directory, rank, output)

@@ -178,6 +178,8 @@ class Executor(ParslExecutor):
     hang_warning_s: float = rankio.HANG_WARNING_S
     #: A progress display (``hetflow._progress.Campaign``) told of every task, or None.
     progress: Any = None
+    _follower: Optional[rankio.Follower] = None     # set by start()
+    _node_root: Optional[str] = None
 
     def __init__(self, label: str, *, max_ranks: Optional[int] = None,
                  gpus=None, max_bypass: int = 16, **parsl_options):
@@ -236,8 +238,13 @@ class Executor(ParslExecutor):
         from hetflow.executors.taskdir import private_dir
         private_dir(self.run_root)
         rankio.check_output(self.output)
+        self._node_root = rankio.node_root(self.run_root, self.label)
         self._follower = rankio.Follower(f"{self.label}-output", lambda: self.hang_warning_s)
-        self._start_runtime()
+        try:
+            self._start_runtime()
+        except BaseException:
+            rankio.remove_node_root(self._node_root, self.run_root)
+            raise
         self._dispatcher = threading.Thread(target=self._dispatch_loop, daemon=True,
                                             name=f"{self.label}-dispatch")
         self._dispatcher.start()
@@ -257,7 +264,7 @@ class Executor(ParslExecutor):
         prepared_args, prepared_kwargs = tables.prepare(self, resources, args, kwargs)
         if prepared_args is not args or prepared_kwargs is not kwargs:
             args, kwargs, arguments = prepared_args, prepared_kwargs, None
-        files = (self._files_dir(task_id), self.output != "off", os.getpid(),
+        files = (*self._files_dirs(task_id), self.output != "off", os.getpid(),
                  os.uname().nodename)
         payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
                               resources=resources,
@@ -309,11 +316,12 @@ class Executor(ParslExecutor):
             if self._stopping:
                 return
             self._stopping = True
-            self._follower.close()
             queued = [entry[0] for entry in self._scheduler.queue]
             self._scheduler.queue.clear()
             running = [t for t in self._live.values() if t not in queued]
             self._kick()
+        if self._follower is not None:
+            self._follower.close()
         for task in queued:
             self.finish(task, error=errors.shut_down(task.id, self.label))
         for task in running:
@@ -324,6 +332,8 @@ class Executor(ParslExecutor):
             for task in list(self._live.values()):
                 self.finish(task, error=errors.shut_down(task.id, self.label))
             self._watch.close()
+            if self._node_root is not None:
+                rankio.remove_node_root(self._node_root, self.run_root)
             if self._dispatcher is not None:
                 self._dispatcher.join(timeout=10)
 
@@ -472,7 +482,7 @@ class Executor(ParslExecutor):
         files = task.files
         files.check_returned(float("inf"))
         running = files.running()
-        stacks = rankio.stacks(files.directory, running) if running else {}
+        stacks = rankio.stacks(files.directories, running) if running else {}
         state = files.hang_text(named=False) if files.returned else ""
         silent = [r for r in running if r not in stacks]
         if silent:
@@ -480,14 +490,18 @@ class Executor(ParslExecutor):
                                                 f"or not on this node)")
         errors.with_stacks(error, state, stacks)
 
-    def _files_dir(self, task_id: int) -> str:
-        return os.path.join(self.run_root, f"task-{task_id:06d}")
+    def _files_dirs(self, task_id: int) -> tuple:
+        """The task's files dirs: for ranks on this node (in memory where it can) and for
+        ranks elsewhere (in the run dir, which the nodes share)."""
+        name = f"task-{task_id:06d}"
+        return os.path.join(self._node_root, name), os.path.join(self.run_root, name)
 
     def _follow(self, task: Task) -> None:
-        """Make the task's files dir (owner-only) and follow it while the task runs."""
+        """Make the task's node-local files dir (owner-only) and follow it while it runs."""
         if task.files is None:
-            directory = rankio.private_dir(self._files_dir(task.id))
-            task.files = rankio.TaskFiles(task, self.label, directory, self.output,
+            directories = self._files_dirs(task.id)
+            rankio.private_dir(directories[0])
+            task.files = rankio.TaskFiles(task, self.label, directories, self.output,
                                           self.run_root, self._follower.write_lock,
                                           getattr(self.progress, "paused", None))
         self._follower.add(task.files)

@@ -10,8 +10,8 @@ runtime is the shorthand for ``provider=SlurmJob({...})``; inside an allocation
 :class:`ThisMachine`.
 
 A batch system is one class: subclass :class:`Provider` and answer its questions for
-that system (``SlurmJob`` is the example). The methods a runtime does not use may be
-left out: that runtime then raises ``ConfigError`` naming the provider.
+that system (``SlurmJob`` is the example). Every method's default means "this machine";
+:meth:`Provider.check` refuses what a runtime cannot do with the system's request.
 """
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ def test_a_pid_not_holding_the_stack_file_is_never_signalled(tmp_path):
     bystander = subprocess.Popen(["sleep", "60"])
     try:
         (tmp_path / _rankio.stack_name(0, bystander.pid)).write_text("")
-        assert rankio.stacks(str(tmp_path), [0], wait_s=0.3) == {}
+        assert rankio.stacks([str(tmp_path)], [0], wait_s=0.3) == {}
         assert bystander.poll() is None
     finally:
         bystander.kill()
