@@ -148,6 +148,8 @@ def processes_under(base: str, env_var: Optional[str] = None) -> List:
     path under it: daemonised processes (re-parented to init) are found this way."""
     import psutil
 
+    if not os.path.isabs(base) or os.path.dirname(base) == base:
+        raise ValueError(f"processes_under needs an absolute dir other than '/', got {base!r}")
     found = []
     me = os.getpid()
     # Attributes are read one process at a time: one that exits meanwhile can surface as

@@ -12,12 +12,9 @@ and relays the tasks it holds), so announcing again is safe; it stops with the f
 which hetflow's probe sends at once.
 
 RP loads this file by path in the pilot (the master task's ``raptor_file``, this file in
-hetflow's install): it imports nothing from hetflow.
-
-``HETFLOW_RAPTOR_DROP_ANNOUNCEMENTS=N`` in the master's environment drops its first N
-announcements: the loss above, made to happen (the tests' shared pilot runs with it).
+hetflow's install): it imports nothing from hetflow. Every announcement goes through
+:meth:`Master.announce` (the tests' master loses some there).
 """
-import os
 import threading
 
 import radical.pilot as rp
@@ -32,29 +29,23 @@ class Master(rp.raptor.Master):
 
     def __init__(self, *args, **kwargs):
         self._served = threading.Event()
-        self._drop = int(os.environ.get("HETFLOW_RAPTOR_DROP_ANNOUNCEMENTS") or 0)
         super().__init__(*args, **kwargs)
 
     def publish(self, pubsub, msg, topic=None):
         if isinstance(msg, dict) and msg.get("cmd") == REGISTER:
-            if not self._dropped():
-                super().publish(pubsub, msg, topic)
+            self.announce(lambda: super(Master, self).publish(pubsub, msg, topic))
             threading.Thread(target=self._announce, args=(pubsub, msg), daemon=True,
                              name="hetflow-announce").start()
             return
         super().publish(pubsub, msg, topic)
 
+    def announce(self, send) -> None:
+        """Send one announcement of the queue (``send()`` puts it on the pubsub)."""
+        send()
+
     def request_cb(self, tasks):
         self._served.set()
         return super().request_cb(tasks)
-
-    def _dropped(self) -> bool:
-        """Whether this announcement is one the test knob drops (counted off)."""
-        if self._drop <= 0:
-            return False
-        self._drop -= 1
-        self._log.info("hetflow: dropped announcement (%d more to drop)", self._drop)
-        return True
 
     def _announce(self, pubsub, msg):
         """Announce on a socket of this thread's own (ZeroMQ sockets are not thread-safe)
@@ -65,11 +56,9 @@ class Master(rp.raptor.Master):
             for _ in range(int(GIVE_UP_S / REPEAT_S)):
                 if self._served.wait(REPEAT_S):
                     return
-                if self._dropped():
-                    continue
                 self._log.warning("hetflow: no task %.0f s after announcing the queue: "
                                   "announcing it again", REPEAT_S)
-                publisher.put(pubsub, msg)
+                self.announce(lambda: publisher.put(pubsub, msg))
             self._log.warning("hetflow: no task in %d s: stopped announcing", GIVE_UP_S)
         except Exception:  # noqa: BLE001 - RP's own single announcement still stands
             self._log.exception("hetflow: announcing the queue failed")

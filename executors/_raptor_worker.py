@@ -22,7 +22,7 @@ cores). Here that broadcast first waits for every rank in a non-blocking barrier
 
 Once up (every rank started, registered with the master), rank 0 creates the file named by
 ``$HETFLOW_RAPTOR_READY``: hetflow replaces a worker that does not come up
-(``RadicalExecutor._check_worker``).
+(``radical.worker.RaptorWorker.check``).
 """
 import os
 import time
@@ -31,11 +31,6 @@ import radical.pilot as rp
 from mpi4py import MPI
 
 from hetflow.executors._rank import unlink_mapped_mpi_shm
-
-if os.environ.get("HETFLOW_RAPTOR_HANG_AFTER_INIT"):
-    # a test knob (radical.WORKER_HANG_INIT_KNOB): a worker whose ranks are past MPI_Init, its
-    # segments still named, and never come up
-    time.sleep(86400)
 
 #: Seconds between the polls of a rank waiting for its peers at the worker's start.
 _POLL_S = 0.01

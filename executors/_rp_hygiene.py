@@ -88,7 +88,10 @@ def rp_zmq_objects() -> set:
 
 
 def _is_rp_zmq(obj) -> bool:
-    module = type(obj).__dict__.get("__module__") if not isinstance(obj, type) else None
+    # type(obj), never isinstance(obj, ...): isinstance reads obj.__class__, which some
+    # objects answer with a warning (torch.distributed.reduce_op's deprecation wrapper)
+    cls = type(obj)
+    module = cls.__dict__.get("__module__") if not issubclass(cls, type) else None
     return isinstance(module, str) and module.startswith("radical.utils.zmq")
 
 

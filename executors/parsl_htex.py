@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import shlex
 import shutil
 import signal
 import socket
@@ -48,17 +47,15 @@ from typing import Dict, Optional
 
 from parsl.executors.high_throughput.executor import DEFAULT_LAUNCH_CMD
 from parsl.executors.high_throughput.mpi_executor import MPIExecutor
-from parsl.launchers import SimpleLauncher
-from parsl.providers import LocalProvider, SlurmProvider
 
 from hetflow._guardian import start_ticks
 from hetflow import errors
 from hetflow.errors import ConfigError, LaunchError
-from hetflow.executors import allocation
 from hetflow.executors._parsl_worker import POLL_S, RANK_TMPDIR, run_mpi_task
 from hetflow.executors.kernel import Executor, Task
+from hetflow.executors.providers import Provider, provider_for
 from hetflow.executors._forensics import kill_tree
-from hetflow.executors.taskdir import TaskDir, private_umask
+from hetflow.executors.taskdir import TaskDir
 from hetflow.spec import Resources
 
 
@@ -143,31 +140,25 @@ class ParslMPIExecutor(Executor, MPIExecutor):
     reports_launch = True
 
     def __init__(self, label: str = "parsl", *, max_ranks: Optional[int] = None,
-                 gpus: Optional[int] = None, python: Optional[str] = None,
+                 gpus=None, python: Optional[str] = None,
                  heartbeat_period: int = 2, heartbeat_threshold: int = 8,
                  keep_task_dirs: bool = False, worker_init: str = "", encrypted: bool = True,
-                 slurm: Optional[dict] = None, address: str = "127.0.0.1"):
+                 slurm: Optional[dict] = None, provider: Optional[Provider] = None,
+                 address: str = "127.0.0.1"):
         if heartbeat_threshold <= heartbeat_period:
             raise ConfigError(f"heartbeat_threshold ({heartbeat_threshold}) must exceed "
                               f"heartbeat_period ({heartbeat_period})")
-        self.slurm = None if slurm is None else allocation.check_request(slurm)
-        if self.slurm is not None:   # a pilot started by the batch system: a Slurm block
-            self.allocation = None   # (its nodes are known inside the job only)
-            if max_ranks is None:
-                max_ranks = allocation.request_slots(self.slurm)
-            provider = _slurm_provider(self.slurm, _worker_count(max_ranks))
-        else:
-            provider = _PrivateLocalProvider(launcher=SimpleLauncher(), init_blocks=1,
-                                             min_blocks=1, max_blocks=1, nodes_per_block=1,
-                                             worker_init=worker_init)
-            # Inside a batch allocation, its CPUs are the slots (and its nodes the node list).
-            self.allocation = allocation.current()
-            if max_ranks is None and self.allocation is not None:
-                max_ranks = self.allocation.total_cpus
+        #: Where the worker pool runs (hetflow's provider; ``self.provider`` is Parsl's).
+        self.runs_on = provider_for(slurm, provider)
+        self.runs_on.check("parsl")
+        if max_ranks is None:
+            max_ranks = self.runs_on.default_slots("parsl")
         super().__init__(
-            label, max_ranks=max_ranks, gpus=gpus,
+            label, max_ranks=max_ranks,
+            gpus=self.runs_on.gpus_per_node() if gpus is None else gpus,
             # From here on, MPIExecutor's options (the kernel passes them on).
-            provider=provider, address=address, **_parsl_commands(),
+            provider=self.runs_on.parsl_provider(_worker_count(max_ranks), worker_init),
+            address=address, **_parsl_commands(),
             max_workers_per_block=_worker_count(
                 (os.cpu_count() or 1) if max_ranks is None else max_ranks),
             mpi_launcher="mpiexec", heartbeat_period=heartbeat_period,
@@ -190,17 +181,7 @@ class ParslMPIExecutor(Executor, MPIExecutor):
         """Write the node file, point the worker pool at it, then start HTEX."""
         self.nodefile = os.path.join(self.run_root, "nodefile")
         bindir = os.path.dirname(os.path.abspath(self.python or sys.executable))
-        write_nodefile = ""
-        if self.slurm is not None:        # inside the block's job, from its environment
-            write_nodefile = (f"{shlex.quote(sys.executable)} -m hetflow.executors.allocation "
-                              f"nodefile {shlex.quote(self.nodefile)} {self.max_ranks}")
-        else:
-            with open(self.nodefile, "w") as fh:
-                if self.allocation is not None:   # Hydra given "localhost" there hangs
-                    fh.write("".join(f"{node}\n"
-                                     for node in self.allocation.slots(self.max_ranks)))
-                else:
-                    fh.write("localhost\n" * self.max_ranks)
+        write_nodefile = self.runs_on.parsl_nodefile(self.nodefile, self.max_ranks)
         # The worker pool's multiprocessing Manager makes a 'pymp-*' dir in TMPDIR that
         # nobody removes when the pool is killed at shutdown: give the pool a TMPDIR of
         # its own, removed in _stop_runtime (the ranks get the client's back).
@@ -246,7 +227,7 @@ class ParslMPIExecutor(Executor, MPIExecutor):
         """
         task.handle = _Job(self._taskdir(task))
         inner = MPIExecutor.submit(self, run_mpi_task, parsl_resource_spec(task.resources),
-                                   task.payload, dataclasses.asdict(task.resources),
+                                   task.payload, self.rank_resources(task),
                                    self.client_sys_path(), task.handle.taskdir.path,
                                    self.python)
         inner.add_done_callback(functools.partial(self._ended, task))
@@ -334,45 +315,6 @@ class ParslMPIExecutor(Executor, MPIExecutor):
                 os.killpg(int(pgid), signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-
-
-class _PrivateLocalProvider(LocalProvider):
-    """Parsl's LocalProvider whose blocks (submit script, its output files, the worker
-    pool and everything under it) are created owner-only (see ``taskdir.private_umask``):
-    a block may be started later, by Parsl's strategy thread, outside ``hetflow.runtime``'s
-    start-up."""
-
-    def submit(self, command, tasks_per_node, job_name="parsl.localprovider"):
-        with private_umask():
-            return super().submit(command, tasks_per_node, job_name)
-
-
-class _PrivateSlurmProvider(SlurmProvider):
-    """Parsl's SlurmProvider whose submit scripts and job output are owner-only."""
-
-    def submit(self, command, tasks_per_node, job_name="parsl.slurm"):
-        with private_umask():
-            return super().submit(command, tasks_per_node, job_name)
-
-
-def _hours_minutes_seconds(limit) -> str:
-    """A Slurm time limit (see ``allocation.time_limit_s``) as the ``HH:MM:SS``
-    SlurmProvider takes."""
-    total = allocation.time_limit_s(limit, "parsl")
-    return f"{total // 3600:02d}:{total % 3600 // 60:02d}:{total % 60:02d}"
-
-
-def _slurm_provider(request: dict, slots: int) -> SlurmProvider:
-    """One block, the Slurm job ``request`` asks for (see ``ParslMPIExecutor``): ``slots``
-    CPUs over its nodes (``--cpus-per-task`` of the one task per node Parsl asks for)."""
-    nodes = int(request.get("nodes") or 1)
-    options = "".join(f"#SBATCH {arg}\n" for arg in request.get("args", ()))
-    return _PrivateSlurmProvider(
-        partition=request.get("partition"), nodes_per_block=nodes,
-        cores_per_node=-(-slots // nodes), exclusive=False,
-        walltime=_hours_minutes_seconds(request.get("time", 60)),
-        init_blocks=1, min_blocks=1, max_blocks=1, launcher=SimpleLauncher(),
-        scheduler_options=options)
 
 
 @dataclasses.dataclass

@@ -78,8 +78,8 @@ def alive(pid) -> bool:
 def start_ticks(pid) -> Optional[int]:
     """Start time of ``pid`` in clock ticks since boot: tells a live process from a recycled
     pid, and reads the same in every process, unlike ``psutil``'s ``create_time()``, which
-    adds a boot time each process cached (seen to differ by 20 s between two processes on
-    one CI VM). None if it is gone."""
+    adds a boot time each process cached (and two processes' caches can differ by
+    seconds). None if it is gone."""
     fields = stat_fields(pid)
     try:
         return int(fields[START_TICKS]) if fields is not None else None
@@ -273,7 +273,7 @@ class Guardian:
                                           stdout=subprocess.PIPE, close_fds=True,
                                           start_new_session=True)
             # Wait until it knows its client and the client's process group: a client
-            # killed before that would leave its forks unfound (seen under load).
+            # killed before that would leave its forks unfound.
             ready, _, _ = select.select([self._proc.stdout], [], [], _READY_S)
             if not ready or self._proc.stdout.readline() != _READY:
                 logger.warning("runtime guardian %s did not report ready in %s s", self.token,
@@ -398,7 +398,18 @@ def main(argv: List[str]) -> int:
           f"process(es) it had started", file=sys.stderr, flush=True)
     if run_dir is not None and argv[2:3] != ["keep"]:
         shutil.rmtree(run_dir, ignore_errors=True)
+    _remove_rank_files(client)
     return 0
+
+
+def _remove_rank_files(client: int) -> None:
+    """Remove the in-memory dirs where the client's runtimes had ranks write their output
+    (``hetflow.executors.rankio.node_root``: named after the client's pid)."""
+    import glob
+
+    for path in glob.glob(f"/dev/shm/hetflow-{client}-*"):
+        if os.path.isdir(path) and not os.path.islink(path) and os.stat(path).st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _forget_recorded_shm(run_dir: str) -> None:

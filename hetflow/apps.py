@@ -23,6 +23,9 @@ from hetflow.spec import Resources
 
 #: The per-call override keyword accepted by every MPI app.
 RESOURCES_KWARG = "hetflow_resources"
+#: The keyword that carries a call's arguments, pickled once at the call, to the executor
+#: (which takes it out: the function never sees it; memoization ignores it).
+ARGUMENTS_KWARG = "hetflow_pickled_arguments"
 
 
 class MPIApp(AppBase):
@@ -34,6 +37,8 @@ class MPIApp(AppBase):
         self.resources = resources
         self.fn = fn
         task = MPITask(fn)
+        if isinstance(executors, str) and executors != "all":
+            executors = [executors]      # one label, as the docs allow; Parsl wants a list
         super().__init__(task, data_flow_kernel=data_flow_kernel, executors=executors,
                          cache=cache, ignore_for_cache=ignore_for_cache)
         functools.update_wrapper(self, fn)
@@ -57,17 +62,21 @@ class MPIApp(AppBase):
             raise InvalidResourceSpec("pass resources through mpi_app(...), .options(...) or "
                                       f"{RESOURCES_KWARG}=..., not parsl_resource_specification",
                                       {"parsl_resource_specification"})
-        _check_picklable(self.fn.__name__, args, kwargs)
-        _check_resident(self.fn.__name__, resources, args, kwargs)
-        dfk = self.data_flow_kernel or DataFlowKernelLoader.dfk()
-        _check_fits(self.fn.__name__, resources, dfk, self.executors)
         app_kwargs = dict(self.kwargs)
         app_kwargs.update(kwargs)
         app_kwargs["parsl_resource_specification"] = resources.to_spec()
+        arguments = _pickled_arguments(self.fn.__name__, args, kwargs, app_kwargs)
+        _check_resident(self.fn.__name__, resources, args, kwargs)
+        dfk = self.data_flow_kernel or DataFlowKernelLoader.dfk()
+        _check_fits(self.fn.__name__, resources, dfk, self.executors)
+        ignore_for_cache = self.ignore_for_cache
+        if arguments is not None:
+            app_kwargs[ARGUMENTS_KWARG] = arguments
+            ignore_for_cache = list(ignore_for_cache or ()) + [ARGUMENTS_KWARG]
         # A checkpointed runtime memoizes every MPI app: that is what makes a restart skip them.
         cache = self.cache or bool(getattr(dfk, "hetflow_checkpoint", False))
         return dfk.submit(self.func, app_args=args, executors=self.executors, cache=cache,
-                          ignore_for_cache=self.ignore_for_cache, app_kwargs=app_kwargs)
+                          ignore_for_cache=ignore_for_cache, app_kwargs=app_kwargs)
 
 
 def _check_fits(name: str, resources: Resources, dfk, executors) -> None:
@@ -101,6 +110,25 @@ def _check_fits(name: str, resources: Resources, dfk, executors) -> None:
 def _memo_id(task: MPITask, output_ref: bool = False) -> bytes:
     # Like Parsl's rule for plain functions: identity is the function's module and name.
     return pickle.dumps(["hetflow.MPITask", task.fn.__module__, task.fn.__qualname__])
+
+
+def _pickled_arguments(name: str, args, kwargs, app_kwargs) -> Optional[bytes]:
+    """``(args, app_kwargs)`` pickled once, here, for the executor's payload; or None when
+    Parsl resolves a Future among them later (the executor pickles them then, and only the
+    others are checked here). ConfigError for what no executor could ship."""
+    from concurrent.futures import Future
+
+    if any(isinstance(value, Future) for value in list(args) + list(kwargs.values())):
+        _check_picklable(name, args, kwargs)
+        return None
+    from hetflow.executors._pickling import dumps
+
+    try:
+        return dumps((tuple(args), app_kwargs))
+    except Exception as exc:  # any pickling failure is the user's input (re-raised)
+        _check_picklable(name, args, kwargs)          # names the argument, if it can
+        raise ConfigError(f"the arguments of MPI app {name!r} cannot be pickled "
+                          f"({type(exc).__name__}: {exc})") from exc
 
 
 def _check_picklable(name: str, args, kwargs) -> None:

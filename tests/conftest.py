@@ -29,11 +29,14 @@ if HERE not in sys.path:
 
 #: Executor name -> the options the tests start it with (4 rank slots on this 2-core
 #: machine, so 3-rank tasks and heterogeneous pairs fit; oversubscribed on purpose).
+#: The GPUs the local runtimes declare (no GPU here: ids as CUDA_VISIBLE_DEVICES spells
+#: them, handed out but never opened), so GPU scheduling is tested on every runtime.
+DECLARED_GPUS = ["7", "4"]
 EXECUTOR_OPTIONS = {
-    "mpirun": {"max_ranks": 4},
-    "parsl": {"max_ranks": 4},
-    "pool": {"max_ranks": 4},
-    "radical": {"max_ranks": 4},
+    "mpirun": {"max_ranks": 4, "gpus": DECLARED_GPUS},
+    "parsl": {"max_ranks": 4, "gpus": DECLARED_GPUS},
+    "pool": {"max_ranks": 4, "gpus": DECLARED_GPUS},
+    "radical": {"max_ranks": 4, "gpus": DECLARED_GPUS},
     "slurm": {"max_ranks": 4},
 }
 
@@ -216,28 +219,28 @@ class SharedRuntime:
         import psutil
 
         import hetflow
-        from hetflow.executors import radical
+        from hetflow.executors.radical import pilot as rp_pilot
 
         options = dict(EXECUTOR_OPTIONS[name])
-        scratch, knobs = None, {}
+        scratch = None
         if name == "radical":
+            from rp_faults import FaultyDescriptions
+
             if "sandbox_dir" not in options:
                 # RP's files go to a directory of the tests' choosing (test_radical.py
                 # checks that all of them do, and that the runtime removes it).
                 scratch = tempfile.mkdtemp(prefix="hetflow-shared-")
                 options["sandbox_dir"] = os.path.join(scratch, "rp")
-            # Its RAPTOR master drops its first queue announcement: the loss
-            # executors/_raptor_master.py survives, made to happen on every run.
-            knobs = {radical.MASTER_KNOB: "1"}
-            if not os.environ.get("SLURM_JOB_ID"):
-                # And its first pilot's agent blocks in its start-up, as a stalled agent
-                # does, then its next pilot's master is held unplaced, as a stuck agent
-                # scheduler holds it: the runtime gives up on each pilot (AGENT_STALL_S
-                # 15 s, SCHEDULER_STUCK_S 10 s here) and starts a new one. Once per run
-                # (a pilot start is dear), on this host's pilot, not in the allocation
-                # tests' runs.
-                knobs[radical.STALL_KNOB] = "1"
-                knobs[radical.STUCK_KNOB] = "1"
+            # Its RAPTOR masters drop their first queue announcement: the loss
+            # executors/_raptor_master.py survives, made to happen on every run. Outside
+            # an allocation, its first pilot's agent also blocks in its start-up, as a
+            # stalled agent does, then its next pilot's master is held unplaced, as a stuck
+            # agent scheduler holds it: the runtime gives up on each pilot (AGENT_STALL_S
+            # 15 s, SCHEDULER_STUCK_S 10 s here) and starts a new one. Once per run (a
+            # pilot start is dear), on this host's pilot, not in the allocation tests' runs.
+            here = not os.environ.get("SLURM_JOB_ID")
+            options["descriptions"] = FaultyDescriptions(stall_first_agent=here,
+                                                         hold_first_master=here)
         bystander = None
         if name == "radical":
             # a child the client had before the runtime: not the runtime's to end
@@ -245,9 +248,8 @@ class SharedRuntime:
         life = Life(children={p.pid for p in psutil.Process().children(recursive=True)},
                     environ=dict(os.environ), scratch=scratch, bystander=bystander)
         context = hetflow.runtime(name, **options)
-        os.environ.update(knobs)
-        stuck_s, radical.SCHEDULER_STUCK_S = radical.SCHEDULER_STUCK_S, 10.0
-        stall_s, radical.AGENT_STALL_S = radical.AGENT_STALL_S, 15.0
+        stuck_s, rp_pilot.SCHEDULER_STUCK_S = rp_pilot.SCHEDULER_STUCK_S, 10.0
+        stall_s, rp_pilot.AGENT_STALL_S = rp_pilot.AGENT_STALL_S, 15.0
         try:
             dfk = context.__enter__()
         except Exception as exc:
@@ -259,9 +261,7 @@ class SharedRuntime:
                 bystander.wait()
             raise
         finally:
-            radical.SCHEDULER_STUCK_S, radical.AGENT_STALL_S = stuck_s, stall_s
-            for key in knobs:
-                os.environ.pop(key, None)
+            rp_pilot.SCHEDULER_STUCK_S, rp_pilot.AGENT_STALL_S = stuck_s, stall_s
         life.executor, life.token = dfk.executors[name], dfk.hetflow_token
         self.name, self._context, self._life = name, context, life
 

@@ -213,3 +213,37 @@ def test_pool_places_tasks_by_node(tmp_path):
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert sorted(got["pair"]) == [["n1", "n1"], ["n2", "n2"]], got
     assert got["four"] == ["n1", "n1", "n2", "n2"], got
+
+
+#: A 4-rank DDP task through the mpirun runtime inside ``salloc -N2 -n4``: two ranks a node.
+TRAINING = '''
+import json, sys
+import hetflow
+sys.path.insert(0, sys.argv[1])
+from torch_apps import ddp_train
+
+with hetflow.runtime("mpirun"):
+    print(json.dumps(ddp_train.options(ranks=4)(rows=48, empty_rank=3).result(timeout=400)))
+'''
+
+
+def test_torch_process_group_across_two_nodes(tmp_path):
+    """hetflow.torch's group on a task spanning the allocation's two nodes: local ranks from
+    the host names, Gloo on the host name's address (not loopback: several hosts), DDP's
+    weights those of one process on the same global batches. (torch in 4 ranks: ~15 s.)"""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (the torch extra)")
+    from torch_apps import PARITY_ATOL
+
+    script = tmp_path / "training.py"
+    script.write_text(TRAINING)
+    run = subprocess.run(["salloc", "-N2", "-n4", "--time=8", "timeout", "-k", "10", "420",
+                          sys.executable, str(script), HERE],
+                         cwd=HERE, capture_output=True, text=True, timeout=480)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["hosts"] == ["n1", "n1", "n2", "n2"], got
+    assert got["local"] == [[0, 2], [1, 2], [0, 2], [1, 2]], got
+    assert got["rows"] == [12, 12, 12, 12] and got["diff"] <= PARITY_ATOL, got

@@ -86,6 +86,8 @@ case("select unknown column", lambda: good.select(["k", "nope"]))
 case("drop unknown column", lambda: good.drop("nope"))
 case("rename collides", lambda: good.rename({"k": "v"}))
 case("with_columns wrong length", lambda: good.with_columns(n=lambda local: pa.array([1, 2, 3])))
+case("with_columns function fails on the last rank", lambda: good.with_columns(
+    n=lambda local: pa.array([1 / (size - 1 - rank)] * local.num_rows)))
 case("cast unsupported", lambda: good.cast({"v": pa.list_(pa.int64())}))
 case("cast overflows on the last rank", lambda: last_overflows.cast({"k": pa.int8()}))
 case("fill_null no value", lambda: good.fill_null())
@@ -136,6 +138,7 @@ EXPECTED = {
     "drop unknown column": "KeyColumnError",
     "rename collides": "InputError",
     "with_columns wrong length": "InputError",
+    "with_columns function fails on the last rank": "InputError",
     "cast unsupported": "NotSupported",
     "cast overflows on the last rank": "InputError",
     "fill_null no value": "ConfigError",
@@ -178,6 +181,7 @@ def test_bad_input_raises_same_error_everywhere(ranks, tmp_path):
         assert "rank 1" in r0["join schemas differ across ranks"][1]
         assert "missing.parquet" in r0["read_parquet missing on one rank"][1]
         assert f"rank {ranks - 1}" in r0["cast overflows on the last rank"][1]
+        assert "ZeroDivisionError" in r0["with_columns function fails on the last rank"][1]
     assert all(r["rows"] == reports[0]["rows"] > 0 for r in reports)
     # without cupy/GPU the CPU path ran, and says so (log line + attribute)
     for r in reports:

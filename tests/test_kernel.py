@@ -118,3 +118,35 @@ def test_shutdown_fails_queued_and_running_tasks(tmp_path):
             fut.result(timeout=10)
     with pytest.raises(hetflow.ExecutorBroken, match="is shut down"):
         submit(executor, 0.0)
+
+
+class Counted:
+    """An argument that counts how often the client pickles it."""
+
+    pickled = 0
+
+    def __init__(self, value):
+        self.value = value
+
+    def __reduce__(self):
+        Counted.pickled += 1
+        return (Counted, (self.value,))
+
+
+@hetflow.mpi_app
+def unwrap(comm, counted, plus=0):
+    return counted.value + plus
+
+
+def test_a_calls_arguments_are_pickled_once_on_the_client(tmp_path):
+    # mpi_app's call pickles them (which also checks them); the kernel's payload carries those
+    # bytes, where it pickled them a second time.
+    with hetflow.runtime("debug", run_dir=str(tmp_path)):
+        Counted.pickled = 0
+        assert unwrap(Counted(40), plus=2).result(timeout=30) == 42
+        assert Counted.pickled == 1
+        # an argument that is a Future is known only later: the rest are checked at the call
+        # and pickled with it at submission
+        Counted.pickled = 0
+        assert unwrap(Counted(1), plus=unwrap(Counted(2))).result(timeout=30) == 3
+        assert Counted.pickled == 3      # Counted(2) once; Counted(1) at the call and at submit

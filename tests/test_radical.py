@@ -20,9 +20,9 @@ from mpiutil import mpiexec
 from test_parity import mark_and_sleep, raise_on_rank_one
 from hetflow._guardian import marked_processes
 from hetflow.executors._rank import mapped_mpi_shm
-from hetflow.executors import radical
-from hetflow.executors.radical import (LOCAL_RESOURCE, RadicalExecutor, _launcher_named,
-                                       local_resource_config, session_processes)
+from hetflow.executors._forensics import launcher_named as _launcher_named
+from hetflow.executors.radical import (LOCAL_RESOURCE, RadicalExecutor, local_resource_config,
+                                       session_processes)
 
 
 @hetflow.mpi_app(ranks=2, returns="all")
@@ -40,7 +40,7 @@ def append_pid(comm, path):
 def test_ranks_of_a_task_stopped_before_they_started_do_not_run_it(tmp_path):
     # A walltime or cancel that comes while RP's agent is still launching an executable
     # task: RP's cancel does not stop that launch (its executing component fails on it),
-    # and kill_tree_of finds no rank yet. The ranks started after find the stop asked for.
+    # and kill_launch_of finds no rank yet. The ranks started after find the stop asked for.
     from hetflow.executors._rank import TaskPayload
     from hetflow.executors._supervise import KILLED_EXIT
     from hetflow.executors.taskdir import TaskDir
@@ -69,6 +69,46 @@ def test_local_resource_config_uses_real_slots_and_the_venv_mpi():
     assert bindir in config["launch_methods"]["MPIEXEC"]["pre_exec_cached"][0]
 
 
+def test_a_starting_worker_is_judged_by_what_was_seen_of_it():
+    # The RAPTOR worker's decisions, without RP (as _pool_faults.settle_lost's are).
+    from hetflow.executors.radical.worker import WORKER_STARTS, judge_start
+
+    def judge(**seen):
+        facts = dict(uid="w1", ready=False, rp_state="AGENT_EXECUTING", launch_error=None,
+                     waited_s=1.0, limit_s=300.0, failed_starts=0)
+        return judge_start(**{**facts, **seen})
+
+    assert judge().up is False and judge().why == ""                 # still starting: wait
+    assert judge(ready=True).up                                       # rank 0's ready file
+    assert judge(ready=True, rp_state="FAILED").up                    # up wins
+    assert "ended (FAILED) before it came up" in judge(rp_state="FAILED").why
+    srun = judge(launch_error="srun: error: Unable to confirm allocation")
+    assert srun.why == "RAPTOR worker w1's launch failed: srun: error: Unable to confirm " \
+                       "allocation" and not srun.give_up
+    late = judge(waited_s=301.0)
+    assert late.why == "RAPTOR worker w1 did not come up within 300 s" and not late.give_up
+    assert judge(waited_s=301.0, failed_starts=WORKER_STARTS - 2).give_up is False
+    assert judge(waited_s=301.0, failed_starts=WORKER_STARTS - 1).give_up is True
+    assert judge(failed_starts=WORKER_STARTS + 5).give_up is False    # nothing failed now
+
+
+def test_a_raptor_task_is_recycled_when_its_worker_died_or_its_peers_hang():
+    from hetflow.executors.radical.executor import task_verdict
+    from hetflow.executors.watch import PEER_GRACE_S
+
+    assert task_verdict(worker_lost=True, rank_failed=False, failed_seen=None, now=5.0) == \
+        (True, None)
+    assert task_verdict(worker_lost=False, rank_failed=False, failed_seen=None, now=5.0) == \
+        (False, None)
+    # a rank raised: its peers get PEER_GRACE_S from when that was first seen
+    assert task_verdict(worker_lost=False, rank_failed=True, failed_seen=None, now=5.0) == \
+        (False, 5.0)
+    assert task_verdict(worker_lost=False, rank_failed=True, failed_seen=5.0,
+                        now=5.0 + PEER_GRACE_S) == (False, 5.0)
+    assert task_verdict(worker_lost=False, rank_failed=True, failed_seen=5.0,
+                        now=5.1 + PEER_GRACE_S) == (True, 5.0)
+
+
 def test_bad_options_fail_at_construction():
     with pytest.raises(hetflow.ConfigError, match="mode"):
         RadicalExecutor(mode="fast")
@@ -83,16 +123,16 @@ def test_user_resource_config_dir_is_handed_to_rp(tmp_path):
     site.mkdir()
     (site / "resource_mysite.json").write_text(json.dumps({"slurm": {"cores_per_node": 128}}))
     ex = RadicalExecutor(resource="mysite.slurm", config_dir=str(site), max_ranks=4)
-    ex.base = str(tmp_path / "run")
+    ex.pilot.base = str(tmp_path / "run")
     saved = {k: os.environ.get(k) for k in ("RADICAL_CONFIG_USER_DIR", "PATH")}
     try:
-        ex._set_environment()
+        ex.pilot.set_environment()
         user_dir = os.environ["RADICAL_CONFIG_USER_DIR"]
         copied = os.path.join(user_dir, ".radical", "pilot", "configs", "resource_mysite.json")
         assert json.load(open(copied)) == {"slurm": {"cores_per_node": 128}}
         assert user_dir.startswith(ex.base)
     finally:
-        for key, value in ex._saved_env.items():
+        for key, value in ex.pilot.saved_env.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
@@ -115,13 +155,13 @@ def test_rp_files_all_go_to_the_sandbox_dir_and_lost_starts_are_survived(shared_
     assert os.listdir(os.path.join(sandbox, "sandbox"))
     assert session_processes(sandbox), "the pilot's processes should be found"
     assert set(ex.timings) >= {"session_s", "pilot_s", "raptor_s"}
-    # Its RAPTOR master dropped its first queue announcement (MASTER_KNOB, set by conftest), as a
+    # Its RAPTOR master dropped its first queue announcement (rp_faults, set by conftest), as a
     # ZeroMQ PUB socket does under load, and announced again: the pilot runs.
     (log,) = glob.glob(os.path.join(ex.sandbox, "*", "*", "pilot.0000", "raptor.0000.log"))
     assert "announcing it again" in open(log).read()
-    # Its first pilot's agent blocked in its start-up (STALL_KNOB, set by conftest), as RP's
+    # Its first pilot's agent blocked in its start-up (rp_faults, set by conftest), as RP's
     # agent now and then never reports itself active, and its second pilot's master was held
-    # unplaced (STUCK_KNOB), as RP's agent scheduler now and then holds every task: the
+    # unplaced (rp_faults), as RP's agent scheduler now and then holds every task: the
     # runtime started a new pilot for each; the third runs.
     # (A worker replaced by the test above, if it ran first, comes after these two.)
     assert len([r for r in ex.restarts if "RAPTOR worker" not in r]) == 2, ex.restarts
@@ -149,14 +189,14 @@ def test_a_worker_that_never_comes_up_is_replaced_and_queued_tasks_run_once(
     # allocation: its srun failed on a node whose slurmd did not answer, and Hydra waited on),
     # and every task sent meanwhile waited in the master's queue until the runtime closed.
     ex = shared_executor
-    monkeypatch.setenv(radical.WORKER_HANG_KNOB, str(ex._worker_hangs + 2))
+    monkeypatch.setattr(ex.pilot.descriptions, "next_workers", ["hang", "hang"])
     monkeypatch.setattr(ex, "worker_start_s", ex.worker_start_s)   # restored after
     before = len(ex.restarts)
-    # A failed rank recycles the worker; its next two replacements hang (the knob).
+    # A failed rank recycles the worker; its next two replacements hang (rp_faults).
     with pytest.raises(hetflow.TaskFailed):
         raise_on_rank_one().result(timeout=120)
     log = tmp_path / "runs"
-    first = next(ex._uid_counter)        # the RP tasks of this test's tasks come after it
+    first = next(ex.pilot.uid_counter)        # the RP tasks of this test's tasks come after it
     appended = append_pid(str(log))
     never = tmp_path / "never"
     doomed = mark_and_sleep(str(never), 600)
@@ -176,7 +216,7 @@ def test_a_worker_that_never_comes_up_is_replaced_and_queued_tasks_run_once(
     # (the cancelled task's would sleep 600 s). (The failed task's never ends in RP: its
     # worker was killed under it.)
     deadline = time.time() + 60
-    while not all(t.state in ("DONE", "FAILED", "CANCELED") for t in ex._tmgr.get_tasks()
+    while not all(t.state in ("DONE", "FAILED", "CANCELED") for t in ex.pilot.tmgr.get_tasks()
                   if t.uid.startswith("hetflow.") and int(t.uid.split(".")[1]) > first):
         assert time.time() < deadline, "an RP task never ended"
         time.sleep(0.2)
@@ -191,10 +231,10 @@ def test_a_worker_whose_srun_failed_is_replaced_at_once(shared_executor, monkeyp
     # Inside a Slurm allocation Hydra starts its proxies with srun; when srun fails (seen under
     # load: slurmctld did not answer it in time) Hydra waits on, and the worker would be
     # replaced only after worker_start_s. Its launch's stderr has the srun error: the runtime
-    # reads it and replaces the worker then (the knob makes the next replacement print one and
+    # reads it and replaces the worker then (rp_faults makes the next replacement print one and
     # hang, as Hydra does).
     ex = shared_executor
-    monkeypatch.setenv(radical.WORKER_SRUN_FAILS_KNOB, str(ex._srun_fails + 1))
+    monkeypatch.setattr(ex.pilot.descriptions, "next_workers", ["srun"])
     monkeypatch.setattr(ex, "worker_start_s", 300.0)      # not the path under test
     before = len(ex.restarts)
     with pytest.raises(hetflow.TaskFailed):          # a failed rank recycles the worker
@@ -221,15 +261,15 @@ def test_a_worker_killed_before_it_came_up_leaves_nothing_in_dev_shm(shared_exec
     # them by their working dir, the worker's task sandbox. (Here, outside Slurm, the tree's
     # kill would find them too: that method is called alone, the launcher still running.)
     ex = shared_executor
-    monkeypatch.setenv(radical.WORKER_HANG_INIT_KNOB, str(ex._init_hangs + 1))
+    monkeypatch.setattr(ex.pilot.descriptions, "next_workers", ["init"])
     monkeypatch.setattr(ex, "worker_start_s", 300.0)      # replaced below, not by the clock
     before = len(ex.restarts)
     with pytest.raises(hetflow.TaskFailed):          # a failed rank recycles the worker
         raise_on_rank_one().result(timeout=120)
     deadline = time.time() + 120
     while True:                       # until every rank of its replacement is past MPI_Init
-        uid = ex._worker_uid
-        sandbox = ex._task_sandbox(uid)
+        uid = ex.worker.uid
+        sandbox = ex.pilot.task_sandbox(uid)
         mapped = {p.pid: mapped_mpi_shm(p.pid)
                   for p in (session_processes(sandbox) if sandbox else [])}
         ranks = [pid for pid, paths in mapped.items() if paths]
@@ -239,10 +279,10 @@ def test_a_worker_killed_before_it_came_up_leaves_nothing_in_dev_shm(shared_exec
                                        f"segments: {mapped}"
         time.sleep(0.2)
     named = set().union(*mapped.values())
-    assert not ex._worker_up
-    launcher = ex._worker_launcher({})
+    assert not ex.worker.up
+    launcher = ex.worker.launcher({})
     assert launcher is not None and psutil.pid_exists(launcher)
-    assert ex._kill_worker_ranks(uid) >= len(ranks)
+    assert ex.worker.kill_ranks(uid) >= len(ranks)
     assert not [path for path in named if os.path.exists(path)], named
     deadline = time.time() + 30
     while [pid for pid in ranks if _running(pid)]:

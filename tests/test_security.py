@@ -466,3 +466,72 @@ def test_pool_mac_is_hmac_sha256_of_the_documented_layout():
                      bytes(frames[2])[1:]]                  # same bytes, other frame cuts
             assert signer.check(wire.TO_RANK, ident, moved) is None
             assert wire.Signer(os.urandom(32)).check(wire.TO_RANK, ident, message) is None
+
+
+@hetflow.mpi_app(ranks=2, walltime=300)
+def held_training(comm, release, up):
+    """A training stage: a Gloo group up, rank 0 waits for ``release`` while rank 1 waits in
+    a Gloo all-reduce, then a DDP step. Rank 0 writes every rank's listening ports to ``up``."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    import hetflow.torch as ht
+
+    with ht.process_group() as group:
+        mine = sorted(c.laddr.port for c in psutil.Process().net_connections(kind="tcp")
+                      if c.status == psutil.CONN_LISTEN)
+        ports = comm.gather(mine, root=0)
+        if group.rank == 0:
+            with open(up + ".tmp", "w") as fh:
+                json.dump(ports, fh)
+            os.replace(up + ".tmp", up)
+            while not os.path.exists(release):
+                time.sleep(0.05)
+        total = torch.tensor([float(group.rank + 1)])
+        dist.all_reduce(total)
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+        model(torch.ones(2, 4)).sum().backward()
+        return total.item(), float(model.module.weight.grad.sum())
+
+
+def test_rogue_process_cannot_join_or_disturb_training(loaded, tmp_path):
+    """Every port a training stage's ranks listen on (Gloo's, bound to loopback, and MPI's)
+    gets the rogue's pickles, junk and 2,000 connections while the group is up and one rank
+    waits in a collective: no code runs, the result is the real one, within the walltime.
+    The same code builds the group on every runtime; run on mpirun (torch imports: ~4 s)."""
+    name, dfk, executor, root = loaded
+    if name != "mpirun":
+        pytest.skip("Gloo's ports are hetflow.torch's, the same on every runtime: mpirun's case")
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (the torch extra)")
+    release, up = str(tmp_path / "release"), str(tmp_path / "up")
+    fut = held_training(release, up)
+    deadline = time.time() + 280
+    while not os.path.exists(up):
+        assert time.time() < deadline and not fut.done(), fut.exception() if fut.done() else \
+            "the training group never came up"
+        time.sleep(0.1)
+    import json
+
+    with open(up) as fh:
+        rank_ports = set().union(*map(set, json.load(fh)))
+    targets = listening_ports(dfk.hetflow_token)
+    gloo = {t for t in targets if t.startswith("127.0.0.1:") and int(t.rsplit(":", 1)[1])
+            in rank_ports}
+    assert len(gloo) >= 2, f"no loopback (Gloo) port of the ranks among {targets}"
+    marker = str(tmp_path / "marker")
+    rogue = subprocess.run([sys.executable, os.path.join(HERE, "rogue.py"), marker, "0",
+                            *sorted(targets)], capture_output=True, text=True, timeout=480)
+    assert rogue.returncode == 0, rogue.stderr
+    open(release, "w").close()
+    total, grad = fut.result(timeout=300)
+    assert total == 3.0 and grad == pytest.approx(8.0), "the training's result was disturbed"
+    assert not os.path.exists(marker), "a rogue pickle was unpickled"
+    assert rank_sum.options(ranks=2)(1).result(timeout=300) == 3
+    print(f"\n{name}: attacked {len(targets)} port(s) of a training stage (on loopback, Gloo's and Hydra's: "
+          f"{sorted(gloo)})\n{rogue.stdout}")

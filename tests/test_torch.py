@@ -144,6 +144,21 @@ try:
         pass
 except hetflow.ConfigError as exc:
     got["nccl"] = str(exc)
+# the rendezvous store itself: counters, compare-and-set and timeouts served by rank 0
+import datetime
+from hetflow.torch._store import MPIStore
+store = MPIStore(comm.Dup(), datetime.timedelta(seconds=30))
+store.add("n", rank + 1)
+comm.Barrier()
+won = store.compare_set("k", b"", b"r%d" % rank) == b"r%d" % rank
+comm.Barrier()
+got["store"] = (int(store.get("n")), won, store.get("k"), store.check(["n", "k"]))
+try:
+    store.wait(["never"], datetime.timedelta(seconds=0.3))
+    got["store_timeout"] = None
+except dist.DistStoreError as exc:
+    got["store_timeout"] = str(exc)
+store.close()
 mpiutil.report(got)
 """
 
@@ -162,3 +177,43 @@ def test_three_ranks_batches_and_groups():
     assert all(g["after_raise"] is False for g in got)
     assert all(g["again"] == [3.0, 3.0, 3.0] for g in got)
     assert all("CUDA device on every rank" in g["nccl"] for g in got)
+    assert [g["store"][0] for g in got] == [6, 6, 6]
+    assert sum(g["store"][1] for g in got) == 1, "compare_set let more than one rank win"
+    assert len({g["store"][2] for g in got}) == 1 and all(g["store"][3] for g in got)
+    assert all("timed out" in g["store_timeout"] for g in got), got
+
+
+def test_handoff_benchmark_counts_the_copies():
+    # experiments/torch_bench.py's hand-off part, small: what it reports as copied is
+    # what the paths copy (its figures come from `python -m hetflow.experiments.torch_bench`)
+    from hetflow.experiments.torch_bench import handoff_compare
+
+    threads = torch.get_num_threads()
+    try:
+        got = handoff_compare(1, 1000)
+    finally:
+        torch.set_num_threads(threads)
+    assert got["one column"]["bytes_copied"] == {"hetflow": 0, "pandas": 4 * 1000 * 4}
+    assert got["four columns"]["bytes_copied"] == {"hetflow": 4 * 1000 * 4,
+                                                   "pandas": 4 * 1000 * 4 + 6 * 1000 * 4}
+
+
+@hetflow.mpi_app(ranks=1)
+def _one_rank_training(comm, raise_inside):
+    import torch.distributed as dist
+
+    with ht.process_group() as group:
+        if raise_inside:
+            raise ValueError("inside the group")
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        return group.size, group.backend, t.tolist(), dist.is_initialized()
+
+
+def test_debug_runtime_one_rank_group_and_a_raising_body():
+    # the debug runtime runs the task in this process: the group must be gone after each
+    with hetflow.runtime("debug"):
+        with pytest.raises(hetflow.TaskFailed, match="inside the group"):
+            _one_rank_training(True).result()
+        assert _one_rank_training(False).result() == (1, "gloo", [1.0, 1.0], True)
+    assert not torch.distributed.is_initialized()

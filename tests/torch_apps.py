@@ -56,7 +56,8 @@ def train(comm, rows=40, empty_rank=None, epochs=2, batch_size=8, mine=None, the
           kill_rank=None, kill_step=None):
     """DDP over ``hetflow.torch.process_group``; then rank 0 trains one plain model on the
     global batches every rank fed (gathered over MPI) and compares. Returns
-    ``{"diff", "steps", "rows", "met", "backend", "size"}`` (rank 0's view)."""
+    ``{"diff", "moved", "steps", "rows", "met", "backend", "size", "hosts", "local"}``
+    (rank 0's view; ``local``: every rank's (local rank, local size))."""
     import signal
 
     import torch
@@ -85,11 +86,13 @@ def train(comm, rows=40, empty_rank=None, epochs=2, batch_size=8, mine=None, the
                 opt.step()
                 fed.append((x.clone(), y.clone()))
         trained = {k: v.clone() for k, v in model.state_dict().items()}
-        backend, size = group.backend, group.size
+        backend, size, hosts = group.backend, group.size, group.hosts
+        local = (group.local_rank, group.local_size)
         assert dist.is_initialized()
     assert not dist.is_initialized()
     every = comm.gather(fed, root=0)
     local_rows = comm.gather(data.local_rows, root=0)
+    locals_ = comm.gather(local, root=0)
     if comm.Get_rank() != 0:
         return None
     steps = len(fed)
@@ -106,7 +109,7 @@ def train(comm, rows=40, empty_rank=None, epochs=2, batch_size=8, mine=None, the
     diff = max(float((trained[k] - v).abs().max()) for k, v in reference.state_dict().items())
     moved = max(float((trained[k] - v).abs().max()) for k, v in initial.items())
     return {"diff": diff, "moved": moved, "steps": steps, "rows": local_rows, "met": met,
-            "backend": backend, "size": size}
+            "backend": backend, "size": size, "hosts": hosts, "local": locals_}
 
 
 ddp_train = hetflow.mpi_app(ranks=2)(train)

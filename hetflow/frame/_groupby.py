@@ -66,13 +66,11 @@ def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
     ``shuffle(table, keys)`` moves rows so that equal keys meet on one rank."""
     values = [c for c in dict.fromkeys(p.column for p in planned) if c not in by]
     source = table.select(list(by) + values)
-    if comm.Get_size() == 1:
+    if _aggregate.holistic(planned) and comm.Get_size() > 1:
+        source = shuffle(source, list(by))          # the values of each group meet here
+    if _aggregate.holistic(planned) or comm.Get_size() == 1:
         return _whole_groups(source, by, planned)
-    if _aggregate.holistic(planned):
-        return _whole_groups(shuffle(source, list(by)), by, planned)
-    stem = _private(by, "__hetflow_part")
-    names = [f"{stem}{i}_{j}" for i, p in enumerate(planned)
-             for j in _aggregate.part_names(p)]
+    names = _names(by, planned)
     partial = _partials(source, by, planned, names)
     # the partials' types as an empty partition gives them, the same on every rank (the
     # exchange reads each rank's columns as the agreed types)
@@ -80,15 +78,31 @@ def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
     del source
     merged = shuffle(partial, list(by))             # one row per group and source rank
     del partial
+    if _aggregate.arrow_only(planned):
+        merged = _aggregate.by_arrow(merged, by, planned, names, merging=True)
+        return _finished(merged, by, planned, names)
     g = _aggregate.group_ids([merged.column(k) for k in by])
-    flat = [_arrays._single(merged.column(n)) for n in names]
+    parts = _aggregate.combine(_split(merged, planned, names), g, planned)
+    return _result(merged, by, g, _aggregate.finish(parts, planned), planned)
+
+
+def _split(table: pa.Table, planned: Sequence[Planned], names: List[str]):
+    """The ``names`` columns of ``table``, as each aggregation's list of partial columns."""
+    flat = [_arrays._single(table.column(n)) for n in names]
     parts, i = [], 0
     for p in planned:
         k = len(_aggregate.part_names(p))
         parts.append(flat[i:i + k])
         i += k
-    results = _aggregate.finish(_aggregate.combine(parts, g, planned), planned)
-    return _result(merged, by, g, results, planned)
+    return parts
+
+
+def _finished(partial: pa.Table, by: List[str], planned: Sequence[Planned],
+              names: List[str]) -> pa.Table:
+    """The results of one partial row per group (its keys and ``names`` columns)."""
+    results = _aggregate.finish(_split(partial, planned, names), planned)
+    return pa.Table.from_arrays([_arrays._single(partial.column(k)) for k in by] + results,
+                                names=list(by) + [p.out for p in planned])
 
 
 def result_schema(schema: pa.Schema, by: List[str], planned: Sequence[Planned]) -> pa.Schema:
@@ -103,9 +117,17 @@ def _private(names: Sequence[str], stem: str) -> str:
     return stem
 
 
+def _names(by: List[str], planned: Sequence[Planned]) -> List[str]:
+    """The partial columns' names (none of them a key's)."""
+    stem = _private(by, "__hetflow_part")
+    return [f"{stem}{i}_{j}" for i, p in enumerate(planned) for j in _aggregate.part_names(p)]
+
+
 def _partials(source: pa.Table, by: List[str], planned: Sequence[Planned],
               names: List[str]) -> pa.Table:
     """One row per group of ``source``: its keys, then every aggregation's partial columns."""
+    if _aggregate.arrow_only(planned):
+        return _aggregate.by_arrow(source, by, planned, names, merging=False)
     g = _aggregate.group_ids([source.column(k) for k in by])
     columns = {n: _arrays._single(source.column(n)) for n in source.column_names}
     parts = _aggregate.local(columns, g, planned)
@@ -116,6 +138,9 @@ def _partials(source: pa.Table, by: List[str], planned: Sequence[Planned],
 
 def _whole_groups(source: pa.Table, by: List[str], planned: Sequence[Planned]) -> pa.Table:
     """The aggregations of ``source``'s groups, all of whose rows are here."""
+    if _aggregate.arrow_only(planned):
+        names = _names(by, planned)
+        return _finished(_partials(source, by, planned, names), by, planned, names)
     g = _aggregate.group_ids([source.column(k) for k in by])
     columns = {n: _arrays._single(source.column(n)) for n in source.column_names}
     results = _aggregate.finish(_aggregate.local(columns, g, planned), planned)

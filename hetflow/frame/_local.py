@@ -42,7 +42,7 @@ def _run(op: str, table: DistributedTable, fn: Callable[[pa.Table], pa.Table]
     out, error = None, None
     try:
         out = fn(table.local)
-    except (HetflowError, pa.ArrowException, TypeError, ValueError, KeyError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a user function may raise anything
         error = _typed(op, exc, table.local.schema)
     schemas = [table.local.schema, out.schema if out is not None else table.local.schema]
     _check.agree(table.comm, schemas, error=error, what=("input", f"{op} result"))
@@ -64,9 +64,13 @@ def _names(value, op: str):
 
 
 def _evaluate(local: pa.Table, exprs: Sequence[pc.Expression], names: Sequence[str]) -> pa.Table:
-    """Project ``exprs`` over ``local`` in its row order (one thread: Acero's threaded plans
-    need not keep it)."""
-    from pyarrow import acero
+    """Project ``exprs`` over ``local`` in its row order (one thread: a threaded plan need
+    not keep it)."""
+    try:
+        from pyarrow import acero
+    except ImportError:  # pyarrow < 12 (pycylon's environments): the dataset scanner
+        import pyarrow.dataset as ds
+        return ds.dataset(local).to_table(columns=dict(zip(names, exprs)), use_threads=False)
     plan = acero.Declaration.from_sequence([
         acero.Declaration("table_source", acero.TableSourceNodeOptions(local)),
         acero.Declaration("project", acero.ProjectNodeOptions(list(exprs), list(names)))])
@@ -105,7 +109,7 @@ def drop(table: DistributedTable, columns) -> DistributedTable:
 
     def run(local):
         _columns_of(local.schema, names, "drop")
-        return local.drop_columns(names)
+        return local.select([n for n in local.column_names if n not in names])
     return _run("drop", table, run)
 
 
@@ -147,8 +151,9 @@ def with_columns(table: DistributedTable, columns: Optional[Mapping[str, Compute
                 if len(got) != local.num_rows:
                     raise InputError(f"with_columns: {name!r} gave {len(got)} values for "
                                      f"{local.num_rows} rows")
-                local = local.append_column(f"__hetflow_new_{len(exprs)}", got)
-                exprs[name] = pc.field(local.num_columns - 1)
+                temporary = f"__hetflow_new_{len(exprs)}"
+                local = local.append_column(temporary, got)
+                exprs[name] = pc.field(temporary)
             else:
                 exprs[name] = pc.scalar(value)
         keep = [n for n in local.column_names if not n.startswith("__hetflow_new_")]

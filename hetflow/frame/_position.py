@@ -104,9 +104,9 @@ def _route(local: pa.Table, first: int, bounds: np.ndarray):
 def rebalance(table: DistributedTable, rows: Optional[Sequence[int]] = None) -> DistributedTable:
     """The same rows in the same global order, rank r holding ``rows[r]`` of them (default:
     equal shares, to within one row; the first ranks take the remainder). Every rank sends
-    each destination one contiguous run of its rows (one all-to-all per column); a rank
-    whose share it already holds sends nothing. ``rows`` (Cylon's ``Repartition``) must give
-    every rank a count, summing to the table's rows."""
+    each destination one contiguous run of its rows (one all-to-all per column); a table
+    already so spread is returned as it is, with no exchange. ``rows`` (Cylon's
+    ``Repartition``) must give every rank a count, summing to the table's rows."""
     table = require_table(table, "rebalance: table")
     comm = table.comm
     size = comm.Get_size()
@@ -129,7 +129,7 @@ def rebalance(table: DistributedTable, rows: Optional[Sequence[int]] = None) -> 
     elif sum(rows) != total:
         raise ConfigError(f"rebalance: rows {rows} sum to {sum(rows)} but the table has "
                           f"{total} rows")
-    if size == 1:
+    if prep.agreed.per_rank("rows") == list(rows):  # already so (one rank, or a second call)
         return DistributedTable(comm, table.local, backend="cpu")
     bounds = _starts(rows)
     order, offsets = _route(table.local, int(starts[comm.Get_rank()]), bounds)
