@@ -8,6 +8,11 @@ does is preferred), a bigger one packs the world's nodes in order, and its ranks
 follow world-rank order (task rank 0 is its lowest world rank). A task carrying resident data is pinned
 to the exact slots holding it. The no-starvation rule is SlotScheduler's: a
 blocked head lets later tasks pass it at most ``max_bypass`` times.
+
+GPUs: a pool rank binds its devices once, at start (CUDA reads ``CUDA_VISIBLE_DEVICES``
+once per process), each rank of a node its own block. So devices are scheduled as the
+slots holding them: a GPU task runs only on GPU slots (disjoint by construction), and a
+CPU task takes CPU slots first, GPU slots only when no CPU slots suffice.
 """
 from __future__ import annotations
 
@@ -19,20 +24,28 @@ from hetflow.executors.scheduler import SlotScheduler
 class PoolScheduler(SlotScheduler):
     """Slots are global ids; ``world_of[slot]`` says which MPI world a slot belongs to.
 
-    ``pinned_of(item)`` gives the exact slots a queued item must run on, or None.
+    ``pinned_of(item)`` gives the exact slots a queued item must run on, or None;
+    ``gpus_of(item)`` the GPUs it needs per rank.
     """
 
     def __init__(self, max_bypass: int = 16,
-                 pinned_of: Callable[[object], Optional[Sequence[int]]] = lambda item: None):
+                 pinned_of: Callable[[object], Optional[Sequence[int]]] = lambda item: None,
+                 gpus_of: Callable[[object], int] = lambda item: 0):
         super().__init__(0, max_bypass=max_bypass)
+        self.gpus_of = gpus_of
+        #: slots whose rank holds GPUs (bound at its start)
+        self.gpu_slots: set = set()
         self.world_of: Dict[int, int] = {}
         #: slot -> (node, world rank): where its rank runs
         self.where: Dict[int, Tuple[str, int]] = {}
         self.pinned_of = pinned_of
 
     # slots come and go with worlds (start, loss, replacement)
-    def add_slot(self, slot: int, world: int, node: str = "", wrank: Optional[int] = None) -> None:
+    def add_slot(self, slot: int, world: int, node: str = "", wrank: Optional[int] = None,
+                 gpu: bool = False) -> None:
         self.world_of[slot] = world
+        if gpu:
+            self.gpu_slots.add(slot)
         self.where[slot] = (node, slot if wrank is None else wrank)
         self.capacity += 1
 
@@ -40,6 +53,7 @@ class PoolScheduler(SlotScheduler):
         if slot in self.world_of:
             del self.world_of[slot]
             del self.where[slot]
+            self.gpu_slots.discard(slot)
             self.capacity -= 1
         if slot in self.free:
             self.free.remove(slot)
@@ -49,19 +63,22 @@ class PoolScheduler(SlotScheduler):
         held = set(slots)
         self.free = [s for s in self.free if s not in held]
 
-    def world_sizes(self) -> Dict[int, int]:
-        """Slots per world (busy or free)."""
+    def world_sizes(self, gpu: bool = False) -> Dict[int, int]:
+        """Slots per world (busy or free); ``gpu``: its GPU slots only."""
         sizes: Dict[int, int] = {}
-        for world in self.world_of.values():
-            sizes[world] = sizes.get(world, 0) + 1
+        for slot, world in self.world_of.items():
+            if not gpu or slot in self.gpu_slots:
+                sizes[world] = sizes.get(world, 0) + 1
         return sizes
 
-    def place(self, need: int, pinned: Optional[Sequence[int]] = None) -> Optional[List[int]]:
-        """Free slots for a task of ``need`` ranks within one world, or None."""
+    def place(self, need: int, pinned: Optional[Sequence[int]] = None,
+              among: Optional[Sequence[int]] = None) -> Optional[List[int]]:
+        """Free slots for a task of ``need`` ranks within one world (of ``among``, default all
+        free slots), or None."""
         if pinned is not None:
             return list(pinned) if all(s in self.free for s in pinned) else None
         by_world: Dict[int, List[int]] = {}
-        for slot in self.free:
+        for slot in self.free if among is None else among:
             by_world.setdefault(self.world_of[slot], []).append(slot)
         fits = []
         for world, free in by_world.items():
@@ -93,8 +110,17 @@ class PoolScheduler(SlotScheduler):
         node = min(fits)[2]
         return sorted(by_node[node], key=lambda s: self.where[s][1])[:need]
 
+    def take_devices(self, item, gpus: int) -> Optional[list]:
+        return []           # the pool's devices are its slots' (see take)
+
     def take(self, item, need: int) -> Optional[List[int]]:
-        slots = self.place(need, self.pinned_of(item))
+        pinned = self.pinned_of(item)
+        if self.gpus_of(item):
+            slots = self.place(need, pinned, [s for s in self.free if s in self.gpu_slots])
+        else:
+            cpu = [s for s in self.free if s not in self.gpu_slots]
+            slots = self.place(need, pinned, cpu) if len(cpu) >= need else None
+            slots = slots or self.place(need, pinned)
         if slots is not None:
             self.hold(slots)
         return slots

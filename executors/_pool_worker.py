@@ -19,6 +19,7 @@ the whole world ends; the supervisor lets the pool name the signal at once.
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -30,32 +31,23 @@ from hetflow.executors._supervise import KILLED_EXIT, supervise
 from hetflow.executors.taskdir import TaskDir
 
 
-def gpu_devices(local_rank: int, gpus: int, gpus_per_rank: int) -> str:
-    """CUDA_VISIBLE_DEVICES for a rank: a disjoint block of ``gpus_per_rank`` devices.
-
-    Ranks on one node share its ``gpus`` round-robin by block; "" when the rank gets none.
-    """
-    if gpus <= 0 or gpus_per_rank <= 0:
-        return ""
-    blocks = max(1, gpus // gpus_per_rank)
-    first = (local_rank % blocks) * gpus_per_rank
-    return ",".join(str(d) for d in range(first, first + gpus_per_rank))
-
-
 def _local_rank() -> int:
     from hetflow.executors._rank import local_rank
     return local_rank()
 
 
 def _bind(local_rank: int) -> None:
-    """Pin to a core and bind GPUs before anything (CUDA, OpenMP) reads the environment."""
-    gpus = int(os.environ.get("HETFLOW_POOL_GPUS", "0") or 0)
-    per_rank = int(os.environ.get("HETFLOW_POOL_GPUS_PER_RANK", "0") or 0)
-    devices = gpu_devices(local_rank, gpus, per_rank)
-    if devices:
-        os.environ["CUDA_VISIBLE_DEVICES"] = devices
-    elif gpus:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    """Pin to a core and bind GPUs before anything (CUDA, OpenMP) reads the environment.
+
+    A rank keeps its devices for life (CUDA reads ``CUDA_VISIBLE_DEVICES`` once), so they
+    are bound here, by the runtimes' one binding, from the ids this world was given; the
+    pool then sends GPU tasks only to ranks holding devices (``_pool_sched``).
+    """
+    from hetflow.executors._rank import bind_gpus
+
+    devices = os.environ.get("HETFLOW_POOL_DEVICES")
+    bind_gpus(None if devices is None else json.loads(devices), local_rank,
+              int(os.environ.get("HETFLOW_POOL_GPUS_PER_RANK", "0") or 0))
     cores = os.environ.get("HETFLOW_POOL_CORES", "")
     if cores and hasattr(os, "sched_setaffinity"):
         try:
@@ -149,7 +141,8 @@ def main(argv=None) -> int:
                            float(os.environ.get("HETFLOW_POOL_ORPHAN", "30")), client_pid)).start()
     sock.send_multipart(signer.sign(wire.TO_POOL, identity, wire.register_frames({
         "world": world_id, "rank": rank, "size": world.Get_size(), "pid": os.getpid(),
-        "supervisor": os.getppid(), "host": socket.gethostname()})))
+        "supervisor": os.getppid(), "host": socket.gethostname(),
+        "devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")})))
 
     comms = {}   # world ranks (ordered) -> communicator; cache policy decided by the client
     while True:

@@ -8,6 +8,7 @@ processes and sockets, not tasks' fates (see ``_pool_faults``).
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -60,6 +61,7 @@ class Slot:
     task: Optional[int] = None           # the id of the task it runs, if any
     last_seen: float = 0.0
     core: Optional[int] = None
+    devices: str = ""                    # its CUDA_VISIBLE_DEVICES, bound for life
     supervisor: int = 0                  # the rank's parent, which records how it ended
     dead_since: Optional[float] = None   # when it was first seen dead (evidence grace)
 
@@ -117,8 +119,10 @@ class Worlds:
         self._next_slot = 0
 
     # ------------------------------------------------------------------ launching
-    def launch(self, size: int, cores: Sequence[int] = ()) -> World:
-        """Start a world of ``size`` ranks; ``cores`` are the core indices its ranks pin to."""
+    def launch(self, size: int, cores: Sequence[int] = (), devices=None) -> World:
+        """Start a world of ``size`` ranks; ``cores`` are the core indices its ranks pin to,
+        ``devices`` the GPU ids its ranks bind on each node, in local-rank order (None: the
+        pool has no GPUs, CUDA_VISIBLE_DEVICES is left alone)."""
         world_id = self._next_world
         self._next_world += 1
         taskdir = TaskDir(private_dir(os.path.join(self.root, f"world-{world_id}")))
@@ -128,6 +132,8 @@ class Worlds:
         env = {**self.env, "HETFLOW_POOL_CORES": ",".join(
             str(allowed[c % len(allowed)]) for c in cores) if (self.pin and allowed and cores)
             else ""}
+        if devices is not None:
+            env["HETFLOW_POOL_DEVICES"] = json.dumps([str(d) for d in devices])
         env = launcher_env(self.mpiexec, env) if self.mpiexec else with_malloc_thp(env)
         out, err = taskdir.open_output()
         with out, err:
@@ -149,7 +155,8 @@ class Worlds:
             return None
         slot = Slot(self._next_slot, world.id, info["rank"], info["pid"], info["host"], identity,
                     last_seen=time.monotonic(), supervisor=info.get("supervisor", 0),
-                    core=world.cores[info["rank"] % len(world.cores)] if world.cores else None)
+                    core=world.cores[info["rank"] % len(world.cores)] if world.cores else None,
+                    devices=info["devices"] if isinstance(info.get("devices"), str) else "")
         self._next_slot += 1
         world.slot_ids[slot.wrank] = slot.id
         self.slots[slot.id] = slot

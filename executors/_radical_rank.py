@@ -9,18 +9,21 @@ stack) exactly as the one-launch-per-task path does.
 """
 from __future__ import annotations
 
-from hetflow.executors._rank import run_on_rank
+import os
+
+from hetflow.executors._rank import bind_gpus, run_on_rank
 from hetflow.executors.taskdir import TaskDir
 
 
 def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: list[str],
-                attempt: str | None = None) -> bool:
+                attempt: str | None = None, devices=None, gpus_per_rank: int = 0) -> bool:
     """Run one rank's share in a persistent RAPTOR worker; True if it succeeded.
 
     ``attempt``: the RP task's uid. A task whose worker was recycled before it started
     runs again under a new uid, while its old copy may still wait in the RAPTOR master's
     queue; that copy finds another attempt named in the task dir (or no task dir) and
-    returns at once, so the task's function runs once."""
+    returns at once, so the task's function runs once. ``devices``: the task's GPU ids,
+    bound per rank by the runtimes' one binding (``_rank.bind_gpus``), for this task only."""
     taskdir = TaskDir(taskdir)
     if attempt is not None and not taskdir.is_attempt(attempt):
         return True
@@ -30,12 +33,26 @@ def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: list[str],
         comm = MPI.COMM_SELF
     # The worker outlives the task, so the evidence hooks are undone afterwards.
     undo = taskdir.record_deaths(comm.Get_rank())
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
+        bind_gpus(devices, _local_index(comm) if devices else 0, gpus_per_rank)
         outcome = run_on_rank(payload, comm, sys_path=sys_path)
         taskdir.write_outcome(outcome)
     finally:
         undo()
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
     return outcome.ok
+
+
+def _local_index(comm) -> int:
+    """This rank's index among the task's ranks on its node (a worker's ranks span nodes
+    and tasks, so the launcher's local rank is not the task's)."""
+    host = os.uname().nodename
+    hosts = comm.allgather(host)
+    return hosts[:comm.Get_rank()].count(host)
 
 
 def noop() -> None:

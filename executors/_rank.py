@@ -66,8 +66,8 @@ class TaskPayload:
         self._resources = resources
         #: Where a rank writes its partition of a returned DistributedTable (hetflow.tables).
         self.tables = tables
-        #: ``(dir, capture_output, client_pid, client_host)``: where the ranks leave their
-        #: output and stacks (see ``_rankio``), or None for no capture at all.
+        #: ``(dir_on_client_node, dir_elsewhere, capture_output, client_pid, client_host)``:
+        #: where the ranks leave their output and stacks (``_rankio``); None: no capture.
         self.files = files
         self._arguments = arguments      # (args, kwargs) as the client pickled them once
 
@@ -170,16 +170,37 @@ def _host() -> str:
     return os.uname().nodename      # what socket.gethostname() returns, without importing socket
 
 
+def visible_devices(devices, local_rank: int, gpus_per_rank: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for the ``local_rank``-th of a task's ranks on one node: its
+    own block of ``gpus_per_rank`` ids out of ``devices`` (the ids given to the task's ranks
+    on that node, in local-rank order); "" for a rank that gets none (a CPU task).
+
+    The one binding every runtime uses (launch per task, RAPTOR ranks, the pool's slots),
+    so ranks never share a device and hetflow.torch finds the same one everywhere.
+    """
+    first = local_rank * gpus_per_rank
+    if gpus_per_rank <= 0 or first + gpus_per_rank > len(devices):
+        return ""
+    return ",".join(str(d) for d in devices[first:first + gpus_per_rank])
+
+
+def bind_gpus(devices, local_rank: int, gpus_per_rank: int) -> None:
+    """Set ``CUDA_VISIBLE_DEVICES`` (see :func:`visible_devices`); ``devices`` None (the
+    runtime hands out no device ids: Slurm's own binding, or no GPUs declared) leaves it as
+    the launcher set it."""
+    if devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices(devices, local_rank, gpus_per_rank)
+
+
 def bind_rank_environment(resources: dict, local_rank: int) -> None:
     """Set threads and GPU binding for this rank before user code imports anything.
 
-    ``resources`` is the task's :class:`~hetflow.spec.Resources` as a dict (``meta.json``).
+    ``resources`` is the task's :class:`~hetflow.spec.Resources` as a dict (``meta.json``),
+    with ``devices``: the device ids the kernel gave the task (see
+    :meth:`~hetflow.executors.kernel.Executor.rank_resources`).
     """
     os.environ["OMP_NUM_THREADS"] = str(resources["cores_per_rank"])
-    gpus = resources["gpus_per_rank"]
-    if gpus:
-        first = local_rank * gpus
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in range(first, first + gpus))
+    bind_gpus(resources.get("devices"), local_rank, resources["gpus_per_rank"])
 
 
 def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
@@ -253,9 +274,19 @@ def _capture(files, rank: int):
     process (the debug runtime: its output is already on the client's console)."""
     if not files:
         return _NoCapture()
-    directory, output, client_pid, client_host = files
-    if client_pid == os.getpid() and client_host == _host():
-        return _NoCapture()
+    here, elsewhere, output, client_pid, client_host = files
+    if client_host == _host():
+        if client_pid == os.getpid():
+            return _NoCapture()
+        directory = here
+    else:
+        from hetflow._private import private_dir
+
+        directory = elsewhere
+        try:
+            private_dir(directory)
+        except OSError:
+            return _NoCapture()
     from hetflow.executors._rankio import Capture
 
     return Capture(directory, rank, output)

@@ -1,8 +1,8 @@
 """Rank side of a task's output and stacks (standard library only: ranks start fast).
 
 While a rank runs its share of a task (:class:`Capture`, used by the shared runner), it
-writes to the task's files dir (owner-only, made by the client's kernel, see
-:mod:`hetflow.executors.rankio`):
+writes to the task's files dir (owner-only; on the client's node the one the client's kernel
+made, elsewhere one in the run dir; see :mod:`hetflow.executors.rankio`):
 
 =========================  ==========================================================
 file                       what

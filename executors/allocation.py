@@ -101,7 +101,7 @@ def srun_prefix(launcher: List[str]) -> List[str]:
     return [launcher[0], *extra, *launcher[1:]]
 
 
-REQUEST_KEYS = ("nodes", "ntasks", "partition", "time", "args")
+REQUEST_KEYS = ("nodes", "ntasks", "partition", "time", "gpus_per_node", "args")
 
 
 def check_request(request: dict) -> dict:
@@ -111,6 +111,10 @@ def check_request(request: dict) -> dict:
         from hetflow.errors import ConfigError
         raise ConfigError(f"unknown Slurm request key(s) {sorted(unknown)}; known: "
                           f"{', '.join(REQUEST_KEYS)}")
+    gpus = request.get("gpus_per_node")
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0):
+        from hetflow.errors import ConfigError
+        raise ConfigError(f"slurm gpus_per_node must be a count (int >= 0), got {gpus!r}")
     return dict(request)
 
 
@@ -159,6 +163,7 @@ class BatchAllocation:
         cmd += [f"--ntasks={r['ntasks']}"] if r.get("ntasks") else []
         cmd += [f"--partition={r['partition']}"] if r.get("partition") else []
         cmd += [f"--time={r['time']}"] if r.get("time") else []
+        cmd += [f"--gpus-per-node={r['gpus_per_node']}"] if r.get("gpus_per_node") else []
         cmd += list(r.get("args", ()))
         if timeout is not None:
             cmd.append(f"--immediate={max(1, int(timeout))}")

@@ -7,8 +7,10 @@ walltimes, delivery with timestamps, and shutdown. A runtime only starts and
 stops work, through these hooks:
 
 ``_start(task)``            required. Run ``task`` on ``task.slots`` (rank slots the
-                            queue gave it); called on the kernel's dispatch thread,
-                            so hand long work to a thread or an event loop. When the
+                            queue gave it) and ``task.devices`` (GPU ids: give the
+                            ranks :meth:`Executor.rank_resources`, which the shared
+                            rank binding applies); called on the kernel's dispatch
+                            thread, so hand long work to a thread or an event loop. When the
                             task ends, call :meth:`Executor.complete` with the ranks'
                             outcomes (or :meth:`Executor.finish` with a value or error).
 ``_stop(task, error)``      required. Stop the running task's processes now. ``error``
@@ -21,8 +23,9 @@ stops work, through these hooks:
 ``_admit(task, args, kwargs)``  optional. Runtime-specific checks at submit time.
 ``_head_blocked(task)``     optional. The queue's first task could not start on the
                             slots there are (a runtime that can reshape them may act).
-``_make_scheduler(max_bypass)``, ``_slots_needed(resources)``  optional. The runtime's
-                            own placement (a :class:`SlotScheduler`) and slot count.
+``_make_scheduler(max_bypass)``, ``_slots_needed(resources)``, ``_gpus_needed(resources)``
+                            optional. The runtime's own placement (a
+                            :class:`SlotScheduler`), slot and device counts.
 
 What a runtime may call on the kernel (nothing else: the kernel's ``_`` names are its
 own, and may change):
@@ -33,12 +36,18 @@ own, and may change):
 ``release(slots)``          free slots a ``release=False`` delivery kept.
 ``requeue(*tasks, release=)``  queue running tasks again, first.
 ``dequeue(task)``           take a queued task out of the queue (True if it was there).
+``rank_resources(task)``    the task's resources as its ranks read them, with its devices.
 ``placement(wake=)``        a context holding the queue's lock, giving the runtime's
                             scheduler to read or reshape (add, remove, hold slots).
 ``live_tasks()``            the tasks not yet delivered, queued or running.
 ``fail_all(error_for)``     fail every task, queued or running, with ``error_for(task)``.
 ``call_later(s, fn)``       run ``fn`` on the kernel's timer thread in ``s`` seconds.
 ``stopping``                True once shutdown began.
+
+GPUs are scheduled like slots: ``gpus=`` (a count, or the device ids of a node) gives
+the queue its devices; a task needing ``ranks x gpus_per_rank`` waits until that many
+are free, and each of its ranks sees its own block in ``CUDA_VISIBLE_DEVICES``; a task
+needing none sees none (``""``) and runs beside it.
 
 A new runtime also registers its class in the ``hetflow.executors`` entry-point
 group. Every rank runs the shared runner (``_rank.run_on_rank``), so values and
@@ -47,6 +56,7 @@ errors are identical across runtimes by construction.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import sys
@@ -67,7 +77,7 @@ from hetflow.executors._rank import TaskPayload, collect
 from hetflow.executors.allocation import default_slots
 from hetflow.executors.scheduler import SlotScheduler
 from hetflow.executors.watch import Deadline, Watch
-from hetflow.spec import Resources, machine_gpus
+from hetflow.spec import Resources, gpu_ids
 from hetflow.tasks import TaskState, TaskTimes
 
 
@@ -136,6 +146,8 @@ class Task:
     times: TaskTimes
     state: TaskState = TaskState.NEW
     slots: list = field(default_factory=list)
+    #: The GPU ids the queue gave it (``ranks x gpus_per_rank`` of them, rank-major).
+    devices: list = field(default_factory=list)
     #: The verdict the kernel decided (walltime, cancel, shutdown); wins over the runtime's.
     error: Optional[BaseException] = None
     deadline: Optional[Deadline] = None
@@ -166,9 +178,11 @@ class Executor(ParslExecutor):
     hang_warning_s: float = rankio.HANG_WARNING_S
     #: A progress display (``hetflow._progress.Campaign``) told of every task, or None.
     progress: Any = None
+    _follower: Optional[rankio.Follower] = None     # set by start()
+    _node_root: Optional[str] = None
 
     def __init__(self, label: str, *, max_ranks: Optional[int] = None,
-                 gpus: Optional[int] = None, max_bypass: int = 16, **parsl_options):
+                 gpus=None, max_bypass: int = 16, **parsl_options):
         super().__init__(**parsl_options)
         self.label = label
         # Inside a batch allocation the default is its CPUs, not this node's cores.
@@ -176,7 +190,10 @@ class Executor(ParslExecutor):
         if isinstance(self.max_ranks, bool) or not isinstance(self.max_ranks, int) \
                 or self.max_ranks < 1:
             raise ConfigError(f"max_ranks must be a positive int, got {max_ranks!r}")
-        self.gpus = machine_gpus() if gpus is None else gpus
+        #: The GPU ids tasks share (``gpus=``: a count, a list of ids, or None: this
+        #: machine's), and how many.
+        self.gpu_ids = gpu_ids(gpus)
+        self.gpus = len(self.gpu_ids)
         self._lock = threading.RLock()
         self._kicked = threading.Condition(self._lock)
         self._kick_pending = False
@@ -207,10 +224,13 @@ class Executor(ParslExecutor):
         pass
 
     def _make_scheduler(self, max_bypass: int) -> SlotScheduler:
-        return SlotScheduler(self.max_ranks, max_bypass=max_bypass)
+        return SlotScheduler(self.max_ranks, max_bypass=max_bypass, devices=self.gpu_ids)
 
     def _slots_needed(self, resources: Resources) -> int:
         return resources.cores
+
+    def _gpus_needed(self, resources: Resources) -> int:
+        return resources.ranks * resources.gpus_per_rank
 
     # ------------------------------------------------------------------ Parsl's executor API
     def start(self) -> None:
@@ -218,8 +238,13 @@ class Executor(ParslExecutor):
         from hetflow.executors.taskdir import private_dir
         private_dir(self.run_root)
         rankio.check_output(self.output)
+        self._node_root = rankio.node_root(self.run_root, self.label)
         self._follower = rankio.Follower(f"{self.label}-output", lambda: self.hang_warning_s)
-        self._start_runtime()
+        try:
+            self._start_runtime()
+        except BaseException:
+            rankio.remove_node_root(self._node_root, self.run_root)
+            raise
         self._dispatcher = threading.Thread(target=self._dispatch_loop, daemon=True,
                                             name=f"{self.label}-dispatch")
         self._dispatcher.start()
@@ -239,7 +264,7 @@ class Executor(ParslExecutor):
         prepared_args, prepared_kwargs = tables.prepare(self, resources, args, kwargs)
         if prepared_args is not args or prepared_kwargs is not kwargs:
             args, kwargs, arguments = prepared_args, prepared_kwargs, None
-        files = (self._files_dir(task_id), self.output != "off", os.getpid(),
+        files = (*self._files_dirs(task_id), self.output != "off", os.getpid(),
                  os.uname().nodename)
         payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
                               resources=resources,
@@ -252,7 +277,7 @@ class Executor(ParslExecutor):
         with self._lock:
             task.state = TaskState.SCHEDULING
             self._live[future] = task
-            self._scheduler.push(task, self._slots_needed(resources))
+            self._scheduler.push(task, self._slots_needed(resources), self._gpus_needed(resources))
             self._kick()
         if self.progress is not None:
             self.progress.submitted(task_id)
@@ -269,7 +294,7 @@ class Executor(ParslExecutor):
         if resources.ranks * resources.gpus_per_rank > self.gpus:
             raise ResourcesUnavailable(
                 f"task needs {resources.ranks * resources.gpus_per_rank} GPU(s), but executor "
-                f"{self.label!r} sees {self.gpus} on this machine")
+                f"{self.label!r} has {self.gpus} ({self.gpu_ids})")
 
     def cancel(self, future: Future) -> bool:
         """Cancel a queued or running task: its future fails with TaskCancelled."""
@@ -291,11 +316,12 @@ class Executor(ParslExecutor):
             if self._stopping:
                 return
             self._stopping = True
-            self._follower.close()
             queued = [entry[0] for entry in self._scheduler.queue]
             self._scheduler.queue.clear()
             running = [t for t in self._live.values() if t not in queued]
             self._kick()
+        if self._follower is not None:
+            self._follower.close()
         for task in queued:
             self.finish(task, error=errors.shut_down(task.id, self.label))
         for task in running:
@@ -306,6 +332,8 @@ class Executor(ParslExecutor):
             for task in list(self._live.values()):
                 self.finish(task, error=errors.shut_down(task.id, self.label))
             self._watch.close()
+            if self._node_root is not None:
+                rankio.remove_node_root(self._node_root, self.run_root)
             if self._dispatcher is not None:
                 self._dispatcher.join(timeout=10)
 
@@ -337,6 +365,8 @@ class Executor(ParslExecutor):
                 return
             if release and task.slots:
                 self._scheduler.release(task.slots)
+            self._scheduler.release_devices(task.devices)
+            task.devices = []
             self._kick()
         if task.deadline is not None:
             task.deadline.cancel()
@@ -358,6 +388,14 @@ class Executor(ParslExecutor):
         else:
             task.future.set_result(value)
 
+    def rank_resources(self, task: Task) -> dict:
+        """The task's resources as its ranks read them (``meta.json``): the
+        :class:`~hetflow.spec.Resources` fields, plus ``devices``, the GPU ids its ranks
+        bind on their node (``_rank.bind_rank_environment``): none for a task needing none
+        when the runtime has GPUs; None (the launcher's binding stays) when it has none."""
+        return {**dataclasses.asdict(task.resources),
+                "devices": list(task.devices) if self.gpus else None}
+
     def release(self, slots) -> None:
         """Free slots outside :meth:`finish` (``release=False`` runtimes)."""
         with self._lock:
@@ -371,10 +409,13 @@ class Executor(ParslExecutor):
             for task in tasks:
                 if release and task.slots:
                     self._scheduler.release(task.slots)
+                self._scheduler.release_devices(task.devices)
                 if task.deadline is not None:
                     task.deadline.cancel()
-                task.slots, task.state, task.deadline = [], TaskState.SCHEDULING, None
-                self._scheduler.push_front(task, self._slots_needed(task.resources))
+                task.slots, task.devices = [], []
+                task.state, task.deadline = TaskState.SCHEDULING, None
+                self._scheduler.push_front(task, self._slots_needed(task.resources),
+                                           self._gpus_needed(task.resources))
             self._kick()
 
     def dequeue(self, task: Task) -> bool:
@@ -441,7 +482,7 @@ class Executor(ParslExecutor):
         files = task.files
         files.check_returned(float("inf"))
         running = files.running()
-        stacks = rankio.stacks(files.directory, running) if running else {}
+        stacks = rankio.stacks(files.directories, running) if running else {}
         state = files.hang_text(named=False) if files.returned else ""
         silent = [r for r in running if r not in stacks]
         if silent:
@@ -449,14 +490,18 @@ class Executor(ParslExecutor):
                                                 f"or not on this node)")
         errors.with_stacks(error, state, stacks)
 
-    def _files_dir(self, task_id: int) -> str:
-        return os.path.join(self.run_root, f"task-{task_id:06d}")
+    def _files_dirs(self, task_id: int) -> tuple:
+        """The task's files dirs: for ranks on this node (in memory where it can) and for
+        ranks elsewhere (in the run dir, which the nodes share)."""
+        name = f"task-{task_id:06d}"
+        return os.path.join(self._node_root, name), os.path.join(self.run_root, name)
 
     def _follow(self, task: Task) -> None:
-        """Make the task's files dir (owner-only) and follow it while the task runs."""
+        """Make the task's node-local files dir (owner-only) and follow it while it runs."""
         if task.files is None:
-            directory = rankio.private_dir(self._files_dir(task.id))
-            task.files = rankio.TaskFiles(task, self.label, directory, self.output,
+            directories = self._files_dirs(task.id)
+            rankio.private_dir(directories[0])
+            task.files = rankio.TaskFiles(task, self.label, directories, self.output,
                                           self.run_root, self._follower.write_lock,
                                           getattr(self.progress, "paused", None))
         self._follower.add(task.files)
@@ -477,9 +522,10 @@ class Executor(ParslExecutor):
                     return
                 ready = self._scheduler.pop_ready()
                 head = self._scheduler.head()
-                for task, slots in ready:
-                    task.slots, task.state = list(slots), TaskState.EXECUTING
-            for task, _ in ready:
+                for task, slots, devices in ready:
+                    task.slots, task.devices = list(slots), list(devices)
+                    task.state = TaskState.EXECUTING
+            for task, *_ in ready:
                 if not self.reports_launch:
                     self.launched(task)
                 if self.progress is not None:

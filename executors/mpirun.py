@@ -1,7 +1,6 @@
 """Bare metal: one ``mpiexec -n R`` launch per task. The baseline every runtime is compared to."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 from typing import Dict, Optional, Sequence
@@ -20,12 +19,14 @@ class MpirunExecutor(Executor):
     one beside this interpreter, else on PATH) and ``mpiexec_args`` choose the
     launcher, ``python`` the ranks' interpreter; ``keep_task_dirs`` keeps the task
     dirs of successful tasks too (failed ones are always kept until shutdown).
+    ``gpus``: this machine's GPUs (a count or their ids; default: those it sees), handed
+    to tasks disjointly (see :mod:`hetflow.executors.kernel`).
     """
 
     def __init__(self, label: str = "mpirun", *, max_ranks: Optional[int] = None,
                  mpiexec: Optional[str] = None, mpiexec_args: Sequence[str] = (),
                  env: Optional[Dict[str, str]] = None, python: Optional[str] = None,
-                 gpus: Optional[int] = None, keep_task_dirs: bool = False):
+                 gpus=None, keep_task_dirs: bool = False):
         super().__init__(label, max_ranks=max_ranks, gpus=gpus)
         self.mpiexec = mpiexec or default_mpiexec()
         self.mpiexec_args = tuple(mpiexec_args)
@@ -35,7 +36,7 @@ class MpirunExecutor(Executor):
 
     def _start(self, task: Task) -> None:
         taskdir = TaskDir(os.path.join(self.run_root, f"task-{task.id:06d}")).create(
-            task.payload, dataclasses.asdict(task.resources), self.client_sys_path())
+            task.payload, self.rank_resources(task), self.client_sys_path())
         task.handle = MPILaunch(
             taskdir, task.resources.ranks,
             mpiexec_command(self.mpiexec, task.resources.ranks, self.mpiexec_args, self.python),

@@ -140,7 +140,7 @@ class ParslMPIExecutor(Executor, MPIExecutor):
     reports_launch = True
 
     def __init__(self, label: str = "parsl", *, max_ranks: Optional[int] = None,
-                 gpus: Optional[int] = None, python: Optional[str] = None,
+                 gpus=None, python: Optional[str] = None,
                  heartbeat_period: int = 2, heartbeat_threshold: int = 8,
                  keep_task_dirs: bool = False, worker_init: str = "", encrypted: bool = True,
                  slurm: Optional[dict] = None, provider: Optional[Provider] = None,
@@ -154,7 +154,8 @@ class ParslMPIExecutor(Executor, MPIExecutor):
         if max_ranks is None:
             max_ranks = self.runs_on.default_slots("parsl")
         super().__init__(
-            label, max_ranks=max_ranks, gpus=gpus,
+            label, max_ranks=max_ranks,
+            gpus=self.runs_on.gpus_per_node() if gpus is None else gpus,
             # From here on, MPIExecutor's options (the kernel passes them on).
             provider=self.runs_on.parsl_provider(_worker_count(max_ranks), worker_init),
             address=address, **_parsl_commands(),
@@ -226,7 +227,7 @@ class ParslMPIExecutor(Executor, MPIExecutor):
         """
         task.handle = _Job(self._taskdir(task))
         inner = MPIExecutor.submit(self, run_mpi_task, parsl_resource_spec(task.resources),
-                                   task.payload, dataclasses.asdict(task.resources),
+                                   task.payload, self.rank_resources(task),
                                    self.client_sys_path(), task.handle.taskdir.path,
                                    self.python)
         inner.add_done_callback(functools.partial(self._ended, task))

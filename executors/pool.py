@@ -93,8 +93,11 @@ class PoolExecutor(Executor):
     address: the interface ranks connect back to (default loopback; a node's
         reachable address for multi-node pools).
     pin: pin each rank to one core (``os.sched_setaffinity``) when the OS allows.
-    gpus_per_rank: GPUs bound to each rank via CUDA_VISIBLE_DEVICES at rank start
-        (default 1 when the machine has GPUs, else 0).
+    gpus: the GPUs of each node (a count, or their ids; default: this machine's).
+    gpus_per_rank: GPUs each rank binds for life at its start (default 1 when there are
+        GPUs, else 0): a node's first ``gpus // gpus_per_rank`` ranks hold a block each, the
+        others none (``CUDA_VISIBLE_DEVICES=""``). GPU tasks run only on ranks holding
+        devices, so tasks running at once never share one; CPU tasks prefer the others.
     heartbeat_s / lost_after_s: rank heartbeats, and the silence that marks a remote rank lost.
     start_timeout: seconds for a world to register before LaunchError.
     provider: where the world runs (:mod:`hetflow.executors.providers`): this machine, the
@@ -116,7 +119,7 @@ class PoolExecutor(Executor):
     def __init__(self, label: str = "pool", *, max_ranks: Optional[int] = None,
                  hostfile: Optional[str] = None, launcher: Optional[Sequence[str]] = None,
                  mpiexec: Optional[str] = None, mpiexec_args: Sequence[str] = (),
-                 address: str = "127.0.0.1", pin: bool = True, gpus: Optional[int] = None,
+                 address: str = "127.0.0.1", pin: bool = True, gpus=None,
                  gpus_per_rank: Optional[int] = None, env: Optional[Dict[str, str]] = None,
                  python: Optional[str] = None, heartbeat_s: float = 1.0,
                  lost_after_s: float = 10.0, start_timeout: float = 120.0, max_bypass: int = 16,
@@ -131,7 +134,8 @@ class PoolExecutor(Executor):
             launcher = self.runs_on.pool_launcher()
         if max_ranks is None:
             max_ranks = self.runs_on.default_slots("pool")
-        super().__init__(label, max_ranks=max_ranks, gpus=gpus, max_bypass=max_bypass)
+        super().__init__(label, max_ranks=max_ranks, max_bypass=max_bypass,
+                         gpus=self.runs_on.gpus_per_node() if gpus is None else gpus)
         if hostfile is not None and not os.path.isfile(hostfile):
             raise ConfigError(f"hostfile {hostfile!r} does not exist")
         if hostfile is not None and launcher is not None:
@@ -168,7 +172,8 @@ class PoolExecutor(Executor):
 
     # ------------------------------------------------------------------ kernel hooks
     def _make_scheduler(self, max_bypass: int) -> PoolScheduler:
-        return PoolScheduler(max_bypass, pinned_of=lambda task: task.handle.pinned)
+        return PoolScheduler(max_bypass, pinned_of=lambda task: task.handle.pinned,
+                             gpus_of=lambda task: task.resources.gpus_per_rank)
 
     def _slots_needed(self, resources: Resources) -> int:
         return resources.ranks
@@ -182,12 +187,26 @@ class PoolExecutor(Executor):
             raise ResourcesUnavailable(
                 f"task needs {resources.gpus_per_rank} GPU(s) per rank, but pool "
                 f"{self.label!r} binds {self.gpus_per_rank} per rank "
-                f"(machine GPUs: {self.gpus})")
+                f"(GPUs: {self.gpu_ids})")
+        gpu_ranks = self.gpus // self.gpus_per_rank if self.gpus_per_rank else 0
+        if (resources.gpus_per_rank and self.hostfile is None and self.launcher is None
+                and resources.ranks > min(gpu_ranks, self.max_ranks)):
+            raise ResourcesUnavailable(
+                f"task needs {resources.ranks} rank(s) with GPUs, but pool {self.label!r} "
+                f"has {min(gpu_ranks, self.max_ranks)} (GPUs {self.gpu_ids}, "
+                f"{self.gpus_per_rank} per rank)")
 
     def _admit(self, task: Task, args: tuple, kwargs: dict) -> None:
         if self._broken:
             raise ExecutorBroken(f"executor {self.label!r} is broken: {self._broken}")
-        task.handle = _Run(pinned=self._pinned(task.resources, args, kwargs))
+        pinned = self._pinned(task.resources, args, kwargs)
+        if pinned is not None and task.resources.gpus_per_rank:
+            with self.placement() as scheduler:
+                without = [s for s in pinned if s not in scheduler.gpu_slots]
+            if without:
+                raise ConfigError(f"the task asks for GPUs, but its resident data lives on "
+                                  f"pool slots {without}, whose ranks hold none")
+        task.handle = _Run(pinned=pinned)
 
     def _start_runtime(self) -> None:
         import zmq
@@ -216,7 +235,8 @@ class PoolExecutor(Executor):
             command=functools.partial(launcher_prefix, launcher=self.launcher,
                                       mpiexec=self.mpiexec, mpiexec_args=self.mpiexec_args,
                                       hostfile=self.hostfile))
-        self._mpi.launch(self.max_ranks, cores=list(range(self.max_ranks)))
+        self._mpi.launch(self.max_ranks, cores=list(range(self.max_ranks)),
+                         devices=self._devices())
         self._thread = threading.Thread(target=self._loop, name=f"{self.label}-broker", daemon=True)
         self._thread.start()
         with waiting("the pool's ranks to register"):
@@ -316,8 +336,11 @@ class PoolExecutor(Executor):
                 "HETFLOW_POOL_CLIENT_PID": str(os.getpid()),
                 "HETFLOW_POOL_CLIENT_HOST": socket.gethostname(),
                 "HETFLOW_POOL_HEARTBEAT": str(self.heartbeat_s),
-                "HETFLOW_POOL_GPUS": str(self.gpus),
                 "HETFLOW_POOL_GPUS_PER_RANK": str(self.gpus_per_rank)}
+
+    def _devices(self):
+        """The GPU ids a new full world binds on each node (None: no GPUs, left alone)."""
+        return list(self.gpu_ids) if self.gpus else None
 
     def _post(self, command) -> None:
         with self._inbox_lock:
@@ -468,7 +491,8 @@ class PoolExecutor(Executor):
         if slot is None:
             return
         with self.placement() as scheduler:
-            scheduler.add_slot(slot.id, slot.world, slot.host, slot.wrank)
+            scheduler.add_slot(slot.id, slot.world, slot.host, slot.wrank,
+                               gpu=bool(slot.devices))
         self.release([slot.id])
         world = self._mpi.worlds[slot.world]
         if world.id == 0 and not world.unregistered:
@@ -615,8 +639,13 @@ class PoolExecutor(Executor):
             self._tasks.pop(task_id, None)
             self.requeue(task)
         if plan.lost and not self.stopping and not self._consolidating:
-            cores = [c for c in (self._mpi.slots[s].core for s in plan.lost) if c is not None]
-            world = self._mpi.launch(len(plan.lost), cores=cores)
+            # The replacement's ranks take over the lost ranks' cores and devices (these
+            # first: a world binds its devices to its first local ranks).
+            lost = sorted(plan.lost, key=lambda s: not self._mpi.slots[s].devices)
+            cores = [c for c in (self._mpi.slots[s].core for s in lost) if c is not None]
+            devices = [d for s in lost for d in self._mpi.slots[s].devices.split(",") if d]
+            world = self._mpi.launch(len(lost), cores=cores,
+                                     devices=devices if self.gpus else None)
             self._event(f"{len(plan.lost)} rank(s) lost ({why}): started replacement world "
                         f"{world.id} of {len(plan.lost)} rank(s)")
         for task_id, deaths in plan.fail.items():   # last: the replacement is under way
@@ -676,10 +705,11 @@ class PoolExecutor(Executor):
         """The queue's head cannot run now: fail it if it never can; consolidate if needed."""
         with self.placement() as scheduler:
             head = scheduler.head()
-            sizes = scheduler.world_sizes()
+            gpu = head is not None and bool(head[0].resources.gpus_per_rank)
+            sizes = scheduler.world_sizes(gpu=gpu)
         if head is None or self.stopping:
             return
-        task, need, _ = head
+        task, need = head[0], head[1]
         pinned = task.handle.pinned
         if pinned is not None:
             lost = [s for s in pinned if s not in self._mpi.slots or not self._mpi.slots[s].alive]
@@ -692,7 +722,8 @@ class PoolExecutor(Executor):
             return
         if not self._consolidating:
             self._consolidating = True
-            self._event(f"task {task.id} needs {need} ranks but the largest world has "
+            self._event(f"task {task.id} needs {need} {'GPU ' if gpu else ''}ranks but the "
+                        f"largest world has "
                         f"{max(sizes.values(), default=0)} (worlds: {sizes}): draining and "
                         f"restarting the pool as one world of {self.max_ranks} ranks "
                         "(resident data on the old ranks is lost)")
@@ -711,4 +742,5 @@ class PoolExecutor(Executor):
         for world in list(self._mpi.worlds.values()):
             self._remove_slots(self._mpi.retire(world))
         self._consolidating = False
-        self._mpi.launch(self.max_ranks, cores=list(range(self.max_ranks)))
+        self._mpi.launch(self.max_ranks, cores=list(range(self.max_ranks)),
+                         devices=self._devices())

@@ -10,8 +10,8 @@ runtime is the shorthand for ``provider=SlurmJob({...})``; inside an allocation
 :class:`ThisMachine`.
 
 A batch system is one class: subclass :class:`Provider` and answer its questions for
-that system (``SlurmJob`` is the example). The methods a runtime does not use may be
-left out: that runtime then raises ``ConfigError`` naming the provider.
+that system (``SlurmJob`` is the example). Every method's default means "this machine";
+:meth:`Provider.check` refuses what a runtime cannot do with the system's request.
 """
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ class Provider:
 
     def ranks_per_node(self, slots: int) -> Optional[int]:
         """How ``slots`` spread over the nodes, node-packed (None: all on this machine)."""
+        return None
+
+    def gpus_per_node(self) -> Optional[int]:
+        """GPUs of each node the runtime's processes get (None: this machine's)."""
         return None
 
     def check(self, runtime: str) -> None:
@@ -127,7 +131,8 @@ class CurrentAllocation(Provider):
 class SlurmJob(Provider):
     """A Slurm job of the runtime's own, submitted from here as a user on a login node
     would: ``request`` holds ``nodes``, ``ntasks``, ``partition``, ``time`` (Slurm's format,
-    default 60 minutes) and ``args`` (more options). The pool's is an allocation
+    default 60 minutes), ``gpus_per_node`` (asked of Slurm: ``--gpus-per-node``) and
+    ``args`` (more options). The pool's is an allocation
     (``salloc``) its world is launched into with ``srun``; Parsl's a block of its
     ``SlurmProvider``; RP's a pilot job (``sbatch`` through PSI/J)."""
 
@@ -146,6 +151,9 @@ class SlurmJob(Provider):
 
     def ranks_per_node(self, slots: int) -> Optional[int]:
         return -(-slots // self.nodes)
+
+    def gpus_per_node(self) -> Optional[int]:
+        return self.request.get("gpus_per_node")
 
     def check(self, runtime: str) -> None:
         if runtime == "radical" and self.request.get("args"):
@@ -169,7 +177,8 @@ class SlurmJob(Provider):
     def parsl_provider(self, slots: int, worker_init: str):
         # One block, the job: ``slots`` CPUs over its nodes (--cpus-per-task of the one
         # task per node Parsl asks for).
-        options = "".join(f"#SBATCH {arg}\n" for arg in self.request.get("args", ()))
+        gpus = [f"--gpus-per-node={self.gpus_per_node()}"] if self.gpus_per_node() else []
+        options = "".join(f"#SBATCH {arg}\n" for arg in [*gpus, *self.request.get("args", ())])
         return _PrivateSlurmProvider(
             partition=self.request.get("partition"), nodes_per_block=self.nodes,
             cores_per_node=-(-slots // self.nodes), exclusive=False,
@@ -196,6 +205,8 @@ class SlurmJob(Provider):
 
         fields = {"nodes": self.nodes, "cores": self.nodes * ranks_per_node,
                   "runtime": minutes(self.request.get("time", 60))}
+        if self.gpus_per_node():
+            fields["gpus"] = self.nodes * self.gpus_per_node()
         if self.request.get("partition"):
             fields["queue"] = self.request["partition"]
         return fields

@@ -1,10 +1,11 @@
 """Client side of what ranks say while a task runs: their output, which of them returned, and
 their stacks when the task is stopped.
 
-The kernel gives every task a files dir, ``<runtime dir>/task-NNNNNN`` (owner-only, 0700),
-before the runtime starts it; each rank writes its files there (the table is in
-:mod:`hetflow.executors._rankio`). One :class:`Follower` thread per runtime reads the dirs of
-the running tasks every :data:`POLL_S`:
+The kernel gives every task two files dirs (owner-only, 0700), named ``task-NNNNNN``: one in
+memory on the client's node (:func:`node_root`, made before the runtime starts the task), for
+ranks on that node, and one in the run dir, made by a rank on another node; each rank writes
+its files in one of them (the table is in :mod:`hetflow.executors._rankio`). One
+:class:`Follower` thread per runtime reads the dirs of the running tasks every :data:`POLL_S`:
 
 - each rank's output, cut into whole lines and handed on in the order each rank wrote them,
   prefixed ``[task N rank R]``, to the runtime's ``output``: the client's stdout
@@ -67,17 +68,19 @@ def check_output(output) -> None:
 
 
 class TaskFiles:
-    """One task's files dir as the client follows it."""
+    """One task's files dirs as the client follows them."""
 
-    def __init__(self, task, label: str, directory: str, output, run_root: str,
+    def __init__(self, task, label: str, directories, output, run_root: str,
                  write_lock: threading.Lock, paused=None):
-        self.task, self.label, self.directory = task, label, directory
+        #: Where ranks on the client's node write (first), and ranks elsewhere.
+        self.task, self.label, self.directories = task, label, tuple(directories)
         self.ranks = task.resources.ranks
         self.output = output
         self.run_root = run_root
         self._write_lock = write_lock
         self._paused = paused      # a context that clears a progress bar while lines print
-        self._mutex = threading.Lock()
+        # Reentrant: the follower and a thread stopping the task both read ``returned``.
+        self._mutex = threading.RLock()
         self._handles: Dict[int, object] = {}
         self._partial: Dict[int, bytes] = {}
         self._tail = bytearray()
@@ -90,7 +93,7 @@ class TaskFiles:
     def poll(self, final: bool = False) -> None:
         """Hand on every whole line written since the last poll (``final``: the rest too)."""
         with self._mutex:
-            if self.closed:
+            if self.closed or self.output == "off":    # off: the ranks write no out-<r>
                 return
             lines = []
             for rank in range(self.ranks):
@@ -109,9 +112,13 @@ class TaskFiles:
     def _read(self, rank: int) -> bytes:
         handle = self._handles.get(rank)
         if handle is None:
-            try:
-                handle = open(os.path.join(self.directory, _rankio.out_name(rank)), "rb")
-            except OSError:
+            for directory in self.directories:
+                try:
+                    handle = open(os.path.join(directory, _rankio.out_name(rank)), "rb")
+                    break
+                except OSError:
+                    continue
+            else:
                 return b""
             self._handles[rank] = handle
         try:
@@ -152,13 +159,19 @@ class TaskFiles:
 
     # ------------------------------------------------------------------ returned ranks
     def check_returned(self, hang_warning_s: float) -> None:
+        with self._mutex:
+            self._check_returned(hang_warning_s)
+
+    def _check_returned(self, hang_warning_s: float) -> None:
         for rank in range(self.ranks):
             if rank not in self.returned:
-                try:
-                    self.returned[rank] = os.stat(os.path.join(
-                        self.directory, _rankio.returned_name(rank))).st_mtime
-                except OSError:
-                    continue
+                for directory in self.directories:
+                    try:
+                        self.returned[rank] = os.stat(os.path.join(
+                            directory, _rankio.returned_name(rank))).st_mtime
+                        break
+                    except OSError:
+                        continue
         if self.warned or not self.returned or len(self.returned) >= self.ranks \
                 or self.task.done:
             return
@@ -169,8 +182,13 @@ class TaskFiles:
 
     def hang_text(self, waited: Optional[float] = None, named: bool = True) -> str:
         """Which ranks returned (and when, from the launch) and which still run."""
+        with self._mutex:
+            return self._hang_text(waited, named)
+
+    def _hang_text(self, waited, named) -> str:
         launched = self.task.times.launched
-        done = ", ".join(f"{r} at +{t - launched:.1f} s" for r, t in sorted(self.returned.items()))
+        done = ", ".join(f"{r} at +{max(0.0, t - launched):.1f} s"
+                         for r, t in sorted(self.returned.items()))
         running = self.running()
         text = (f"task {self.task.id} ({self.label}): " if named else "") + (
             f"rank(s) {sorted(self.returned)} returned ({done}) but rank(s) {running} "
@@ -181,7 +199,8 @@ class TaskFiles:
         return text
 
     def running(self) -> list:
-        return [r for r in range(self.ranks) if r not in self.returned]
+        with self._mutex:
+            return [r for r in range(self.ranks) if r not in self.returned]
 
     # ------------------------------------------------------------------ the end
     def close(self, success: bool) -> None:
@@ -195,21 +214,43 @@ class TaskFiles:
                 self._log.close()
             if not success:
                 return
-            for rank in range(self.ranks):
-                for name in (_rankio.out_name(rank), _rankio.returned_name(rank)):
-                    _unlink(os.path.join(self.directory, name))
-            try:
-                for name in os.listdir(self.directory):
-                    if name.startswith("stack-"):
-                        _unlink(os.path.join(self.directory, name))
-                os.rmdir(self.directory)
-            except OSError:      # the runtime's own files are there too: its dir to remove
-                pass
+            for directory in self.directories:
+                try:
+                    names = os.listdir(directory)
+                except OSError:  # no rank wrote there
+                    continue
+                for name in names:
+                    if name.startswith(("out-", "stack-", "returned-")):
+                        _unlink(os.path.join(directory, name))
+                try:
+                    os.rmdir(directory)
+                except OSError:  # the runtime's own files are there too: its dir to remove
+                    pass
 
 
 @contextlib.contextmanager
 def _nothing():
     yield
+
+
+def node_root(run_root: str, label: str) -> str:
+    """Where ranks on the client's node write: a fresh owner-only dir in memory
+    (``/dev/shm``: a file there costs microseconds, on a busy disk milliseconds, per
+    task), else the run dir. Named after the client's pid: if the client is killed, its
+    guardian removes it (``hetflow._guardian``)."""
+    import tempfile
+
+    try:
+        return tempfile.mkdtemp(prefix=f"hetflow-{os.getpid()}-{label}-", dir="/dev/shm")
+    except OSError:
+        return run_root
+
+
+def remove_node_root(root: str, run_root: str) -> None:
+    if root != run_root:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _unlink(path: str) -> None:
@@ -265,15 +306,17 @@ class Follower:
 
 
 # ---------------------------------------------------------------------- stacks
-def stacks(directory: str, ranks, wait_s: float = STACK_WAIT_S) -> Dict[int, str]:
-    """Ask ranks ``ranks`` of the task whose files dir is ``directory`` for their Python
+def stacks(directories, ranks, wait_s: float = STACK_WAIT_S) -> Dict[int, str]:
+    """Ask ranks ``ranks`` of the task whose files dirs are ``directories`` for their Python
     stacks; ``{rank: text}`` for those that answered within ``wait_s``."""
     asked = {}
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return {}
-    for name in names:
+    names = []
+    for directory in directories:
+        try:
+            names += [(directory, name) for name in os.listdir(directory)]
+        except OSError:
+            continue
+    for directory, name in names:
         match = re.fullmatch(r"stack-(\d+)-(\d+)\.txt", name)
         if not match or int(match.group(1)) not in ranks:
             continue
@@ -323,13 +366,44 @@ def _holds(pid: int, path: str) -> bool:
 _RUNNER = re.compile(r'^\s+File ".*hetflow[/\\]_task\.py", line \d+ in __call__$')
 
 
+#: Frames of the runtime's own threads on a rank (a pool rank's control loop, zmq's, the
+#: threading module's): a thread made only of these is not the user's and is left out.
+_RUNTIME_FILE = re.compile(r'hetflow[/\\]executors[/\\]|[/\\]zmq[/\\]|[/\\]threading\.py$')
+
+
+def _task_thread_first(dump: str) -> str:
+    """faulthandler's dump with the thread running the task first, and without the threads
+    whose every frame is the runtime's own (a persistent rank's control thread): the user
+    reads where their function is before anything else."""
+    threads, current = [], None
+    for line in dump.splitlines():
+        if line and not line.startswith(" "):      # a thread's header
+            current = [line]
+            threads.append(current)
+        elif current is not None:
+            current.append(line)
+    if not threads:
+        return dump
+
+    def runs_task(block):
+        return any(_RUNNER.match(line) for line in block)
+
+    def runtime_only(block):
+        files = [m.group(1) for m in map(_FRAME.match, block) if m]
+        return bool(files) and all(_RUNTIME_FILE.search(f) for f in files)
+
+    ordered = ([b for b in threads if runs_task(b)]
+               + [b for b in threads if not runs_task(b) and not runtime_only(b)])
+    return "\n\n".join("\n".join(b).rstrip("\n") for b in ordered or threads)
+
+
 def with_source(dump: str) -> str:
     """faulthandler's dump with each frame's source line under it (read on the client: the
-    same files where the client and ranks share a file system), without the frames of
-    hetflow's runner below the task's function."""
+    same files where the client and ranks share a file system), the task's thread first and
+    without the frames of hetflow's runner below the task's function."""
     lines = []
     below = False
-    for line in dump.splitlines():
+    for line in _task_thread_first(dump).splitlines():
         if _RUNNER.match(line):
             below = True
         elif not line.startswith(" "):     # the next thread's header

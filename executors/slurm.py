@@ -19,7 +19,6 @@ evidence come back through it from any node.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
@@ -74,6 +73,21 @@ def partition_cpus(partition: Optional[str] = None) -> int:
     return total
 
 
+_GPU_GRES = re.compile(r"^gpu(?::[^:(,]+)?:(\d+)")
+
+
+def partition_gpus(partition: Optional[str] = None) -> int:
+    """How many GPUs (gres ``gpu``) the partition's nodes have in all (0 without gres)."""
+    total = 0
+    for line in partition_sinfo("%D %G", partition, "SBATCH_PARTITION"):
+        nodes, _, gres = line.partition(" ")
+        for item in gres.split(","):
+            found = _GPU_GRES.match(item.strip())
+            if found and nodes.isdigit():
+                total += int(nodes) * int(found.group(1))
+    return total
+
+
 def job_info(job_id: str) -> Optional[Dict[str, str]]:
     """``scontrol show job``'s fields for ``job_id``, or None once Slurm forgot it."""
     out = subprocess.run([slurm_tool("scontrol"), "show", "job", "-o", str(job_id)],
@@ -95,6 +109,11 @@ def srun_deaths(report: str) -> Deaths:
     return {rank: (what, "")}
 
 
+def _gpu_args(resources) -> list:
+    """What a task's job and step ask of Slurm for its GPUs."""
+    return [f"--gpus-per-task={resources.gpus_per_rank}"] if resources.gpus_per_rank else []
+
+
 class SlurmExecutor(Executor):
     """A Parsl executor that submits every task as its own Slurm batch job.
 
@@ -102,7 +121,10 @@ class SlurmExecutor(Executor):
     and ``srun_args`` add options to the job and to its step, ``python`` is the
     ranks' interpreter (default: this one; the nodes must see it). ``max_ranks``
     (default: the partition's CPUs) bounds the rank slots in use at once.
-    ``keep_task_dirs`` keeps successful tasks' dirs too.
+    ``keep_task_dirs`` keeps successful tasks' dirs too. GPUs are Slurm's to schedule: a
+    task with ``gpus_per_rank`` asks for them (``--gpus-per-task``) and Slurm binds each
+    rank's; ``gpus`` (default: the partition's gres ``gpu`` count) only refuses a task
+    needing more than the partition has.
     """
 
     reports_launch = True
@@ -110,10 +132,12 @@ class SlurmExecutor(Executor):
     def __init__(self, label: str = "slurm", *, max_ranks: Optional[int] = None,
                  partition: Optional[str] = None, sbatch_args: Sequence[str] = (),
                  srun_args: Sequence[str] = (), python: Optional[str] = None,
-                 env: Optional[Dict[str, str]] = None, keep_task_dirs: bool = False):
+                 env: Optional[Dict[str, str]] = None, keep_task_dirs: bool = False,
+                 gpus: Optional[int] = None):
         if max_ranks is None:
             max_ranks = partition_cpus(partition)
-        super().__init__(label, max_ranks=max_ranks, gpus=0)
+        super().__init__(label, max_ranks=max_ranks,
+                         gpus=partition_gpus(partition) if gpus is None else gpus)
         self.partition = partition
         self.sbatch_args = tuple(sbatch_args)
         self.srun_args = tuple(srun_args)
@@ -124,13 +148,19 @@ class SlurmExecutor(Executor):
         self.sbatch = slurm_tool("sbatch")
         self.scancel = slurm_tool("scancel")
 
+    def _gpus_needed(self, resources) -> int:
+        return 0          # Slurm queues the job until its GPUs are free
+
+    def rank_resources(self, task: Task) -> dict:
+        return {**super().rank_resources(task), "devices": None}   # Slurm's binding stays
+
     # ------------------------------------------------------------------ the job
     def _script(self, task: Task, taskdir: TaskDir) -> str:
         """The batch script: stamp the start, run the ranks under ``srun``, record its end."""
         res = task.resources
         srun = [slurm_tool("srun"), "--mpi=pmi2", "--kill-on-bad-exit=1",
                 f"--ntasks={res.ranks}", f"--cpus-per-task={res.cores_per_rank}",
-                *self.srun_args, self.python, "-m", "hetflow.executors._rank", taskdir.path]
+                *_gpu_args(res), *self.srun_args, self.python, "-m", "hetflow.executors._rank", taskdir.path]
         record = shlex.quote(taskdir.file(LAUNCHER))
         tmp = shlex.quote(taskdir.file("." + LAUNCHER + ".job.tmp"))
         # launcher.json (see taskdir): written atomically, read while the job runs.
@@ -157,7 +187,7 @@ class SlurmExecutor(Executor):
         cmd = [self.sbatch, "--parsable", f"--job-name=hetflow-{self.label}-{task.id}",
                f"--ntasks={res.ranks}", f"--cpus-per-task={res.cores_per_rank}",
                f"--chdir={taskdir.path}", f"--output={taskdir.stdout}",
-               f"--error={taskdir.stderr}", "--no-requeue", "--export=ALL"]
+               f"--error={taskdir.stderr}", "--no-requeue", "--export=ALL", *_gpu_args(res)]
         if self.partition:
             cmd.append(f"--partition={self.partition}")
         if res.walltime is not None:   # Slurm counts whole minutes: a backstop to ours
@@ -171,7 +201,7 @@ class SlurmExecutor(Executor):
 
     def _start(self, task: Task) -> None:
         taskdir = TaskDir(os.path.join(self.run_root, f"task-{task.id:06d}")).create(
-            task.payload, dataclasses.asdict(task.resources), self.client_sys_path())
+            task.payload, self.rank_resources(task), self.client_sys_path())
         task.handle = _Job(taskdir)
         threading.Thread(target=self._run, args=(task,), daemon=True,
                          name=f"{self.label}-task-{task.id}").start()

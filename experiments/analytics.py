@@ -281,13 +281,15 @@ def hetflow_task(comm, rows: int, repeats: int, out_dir: str, queries: Sequence[
     t0 = time.perf_counter()
     big = facts(rows, *_span(rows, rank, size))
     gen_s = time.perf_counter() - t0
+    _release_free_heap()
     table = frame.from_local(comm, big)
     frame.groupby(frame.from_local(comm, big.slice(0, 10)), "id_lo").agg({"v_int": "sum"})
     records = {}
     for i, q in enumerate(QUERIES):
         if queries and q.name not in queries:
             continue
-        right_local = None
+        right_local = left = right = run = None
+        _release_free_heap()  # the previous query's leftovers are not this one's baseline
         if q.is_join:
             n = right_rows(q, rows)
             right_local = dimension(q, rows, *_span(n, rank, size))
@@ -320,6 +322,20 @@ def hetflow_task(comm, rows: int, repeats: int, out_dir: str, queries: Sequence[
                 "digest": combine_digests([m["digest"] for m in every]) if q.is_join else None,
                 "gen_s": gen_s}
     return records if rank == 0 else {}
+
+
+def _release_free_heap() -> None:
+    """Hand the heap the data's construction freed back to the OS (glibc's ``malloc_trim``),
+    so a query's peak counts the data and the query, not the generator's leftovers."""
+    import ctypes
+    import gc
+
+    from hetflow.frame._backend import libc_function
+
+    gc.collect()
+    trim = libc_function("malloc_trim", ctypes.c_int, [ctypes.c_size_t])
+    if trim is not None:
+        trim(0)
 
 
 def _write(table, path: str) -> None:

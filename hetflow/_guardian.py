@@ -398,7 +398,18 @@ def main(argv: List[str]) -> int:
           f"process(es) it had started", file=sys.stderr, flush=True)
     if run_dir is not None and argv[2:3] != ["keep"]:
         shutil.rmtree(run_dir, ignore_errors=True)
+    _remove_rank_files(client)
     return 0
+
+
+def _remove_rank_files(client: int) -> None:
+    """Remove the in-memory dirs where the client's runtimes had ranks write their output
+    (``hetflow.executors.rankio.node_root``: named after the client's pid)."""
+    import glob
+
+    for path in glob.glob(f"/dev/shm/hetflow-{client}-*"):
+        if os.path.isdir(path) and not os.path.islink(path) and os.stat(path).st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _forget_recorded_shm(run_dir: str) -> None:

@@ -37,6 +37,8 @@ class MPIApp(AppBase):
         self.resources = resources
         self.fn = fn
         task = MPITask(fn)
+        if isinstance(executors, str) and executors != "all":
+            executors = [executors]      # one label, as the docs allow; Parsl wants a list
         super().__init__(task, data_flow_kernel=data_flow_kernel, executors=executors,
                          cache=cache, ignore_for_cache=ignore_for_cache)
         functools.update_wrapper(self, fn)

@@ -89,12 +89,47 @@ class Resources:
         return cls().replace(**spec["hetflow"])
 
 
-def machine_gpus() -> int:
-    """GPUs visible on this machine (0 when there are none or no driver)."""
+def machine_gpu_ids() -> list:
+    """The ids of the GPUs this machine's processes may use: ``CUDA_VISIBLE_DEVICES``'s
+    entries when it is set, else ``0..n-1`` for the ``/dev/nvidiaN`` devices (none without a
+    driver)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() not in ("", "-1")])
+        ids = [d.strip() for d in visible.split(",")]
+        if "-1" in ids:           # CUDA stops at the first invalid id
+            ids = ids[:ids.index("-1")]
+        return [d for d in ids if d]
     try:
-        return len([d for d in os.listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit()])
+        count = len([d for d in os.listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit()])
     except OSError:
-        return 0
+        count = 0
+    return [str(d) for d in range(count)]
+
+
+def machine_gpus() -> int:
+    """GPUs visible on this machine (0 when there are none or no driver)."""
+    return len(machine_gpu_ids())
+
+
+def gpu_ids(gpus) -> list:
+    """The device ids an executor's ``gpus=`` declares, per node: a count ``n`` means ids
+    ``0..n-1``; a list gives the ids themselves (as ``CUDA_VISIBLE_DEVICES`` spells them,
+    e.g. ``[2, 3]`` or ``["GPU-8a1f...", ...]``); None means this machine's
+    (:func:`machine_gpu_ids`)."""
+    if gpus is None:
+        return machine_gpu_ids()
+    if isinstance(gpus, int) and not isinstance(gpus, bool):
+        if gpus < 0:
+            raise _config_error(f"gpus must be >= 0 or a list of device ids, got {gpus}")
+        return [str(d) for d in range(gpus)]
+    if isinstance(gpus, (list, tuple)):
+        ids = [str(d).strip() for d in gpus]
+        bad = [d for d in ids if not d or "," in d or d == "-1"]
+        if bad or any(isinstance(d, bool) or not isinstance(d, (int, str)) for d in gpus):
+            raise _config_error(f"gpus: device ids must be ints or names without commas, got "
+                                f"{list(gpus)!r}")
+        if len(set(ids)) != len(ids):
+            raise _config_error(f"gpus: device ids must be distinct, got {list(gpus)!r}")
+        return ids
+    raise _config_error(f"gpus must be a count or a list of device ids, got {gpus!r} "
+                        f"({type(gpus).__name__})")

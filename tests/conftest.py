@@ -29,11 +29,14 @@ if HERE not in sys.path:
 
 #: Executor name -> the options the tests start it with (4 rank slots on this 2-core
 #: machine, so 3-rank tasks and heterogeneous pairs fit; oversubscribed on purpose).
+#: The GPUs the local runtimes declare (no GPU here: ids as CUDA_VISIBLE_DEVICES spells
+#: them, handed out but never opened), so GPU scheduling is tested on every runtime.
+DECLARED_GPUS = ["7", "4"]
 EXECUTOR_OPTIONS = {
-    "mpirun": {"max_ranks": 4},
-    "parsl": {"max_ranks": 4},
-    "pool": {"max_ranks": 4},
-    "radical": {"max_ranks": 4},
+    "mpirun": {"max_ranks": 4, "gpus": DECLARED_GPUS},
+    "parsl": {"max_ranks": 4, "gpus": DECLARED_GPUS},
+    "pool": {"max_ranks": 4, "gpus": DECLARED_GPUS},
+    "radical": {"max_ranks": 4, "gpus": DECLARED_GPUS},
     "slurm": {"max_ranks": 4},
 }
 

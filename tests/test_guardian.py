@@ -3,6 +3,7 @@
 (tests/test_faults.py kills real clients holding each executor's runtime.)
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.timeout(60)
 CLIENT = textwrap.dedent('''
     import os, subprocess, sys, time
     from hetflow._guardian import Guardian
+    from hetflow.executors.rankio import node_root
 
     older = subprocess.Popen(["sleep", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     guardian = Guardian()
@@ -35,7 +37,8 @@ CLIENT = textwrap.dedent('''
         time.sleep(300)
         os._exit(0)
     time.sleep(0.1)           # (tracked every 0.5 s, or found as an orphan of its group)
-    print(guardian.token, older.pid, daemon, forked, flush=True)
+    ranks_dir = node_root("/nonexistent", "test")     # a runtime's in-memory rank files
+    print(ranks_dir, guardian.token, older.pid, daemon, forked, flush=True)
     if sys.stdin.readline().strip() == "stop":
         guardian.stop()
         print("stopped", flush=True)
@@ -49,7 +52,8 @@ def _client(tmp_path):
     proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    token, *pids = proc.stdout.readline().split()
+    ranks_dir, token, *pids = proc.stdout.readline().split()
+    _client.ranks_dir = ranks_dir
     return proc, token, [psutil.Process(int(p)) for p in pids]
 
 
@@ -93,6 +97,7 @@ def test_client_sigkill_kills_what_it_started_and_nothing_else(tmp_path):
         assert older.is_running(), "a child the client started before its runtime was killed"
         assert bystander.poll() is None
         assert "its guardian killed 2 process(es)" in proc.stderr.read()
+        assert not os.path.exists(_client.ranks_dir), "the in-memory rank files outlived it"
     finally:
         bystander.kill()
         bystander.wait()
@@ -111,6 +116,7 @@ def test_normal_exit_kills_nothing(tmp_path):
         assert daemon.is_running() and forked.is_running() and older.is_running()
     finally:
         _cleanup(proc, [older, daemon, forked])
+        shutil.rmtree(_client.ranks_dir, ignore_errors=True)   # the runtime's, were there one
 
 
 def test_tokens_are_distinct_and_marks_nest():

@@ -120,7 +120,7 @@ def test_scheduler_backfill_is_bounded():
     sched.push("small1", 1)
     sched.push("small2", 1)
     sched.free = [0]  # one slot busy
-    assert [item for item, _ in sched.pop_ready()] == ["small1"]
+    assert [item for item, *_ in sched.pop_ready()] == ["small1"]
     assert sched.pop_ready() == []  # the big task may not be bypassed again
 
 

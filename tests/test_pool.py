@@ -14,7 +14,6 @@ import psutil
 import pytest
 
 import hetflow
-from hetflow.executors._pool_worker import gpu_devices
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -370,14 +369,17 @@ def test_hostfile_start_and_core_pinning():
         assert [g[0] for g in got] == [4, 4, 4, 4]
         assert all(len(g[1]) == 1 for g in got)                       # one core per rank
         assert {g[1][0] for g in got} == set(cores[:4])
-        assert sorted(g[2] for g in got) == ["0", "0", "1", "1"]      # 2 GPUs over 4 ranks
+        # 2 GPUs over 4 ranks: the first two hold one each for life, the others none
+        assert [g[2] for g in got] == ["0", "1", "", ""]
 
 
-def test_gpu_binding_blocks_are_disjoint():
-    assert gpu_devices(0, 0, 1) == ""
-    assert [gpu_devices(r, 4, 1) for r in range(4)] == ["0", "1", "2", "3"]
-    assert [gpu_devices(r, 4, 2) for r in range(2)] == ["0,1", "2,3"]
-    assert gpu_devices(5, 4, 2) == "2,3"
+def test_a_gpu_task_on_resident_data_of_cpu_ranks_is_refused():
+    with pool(gpus=["7", "4"]):
+        handle = make_part(10).result(timeout=30)       # a CPU task: on the ranks without GPUs
+        with pytest.raises(hetflow.ConfigError, match="whose ranks hold none"):
+            sort_part.options(gpus_per_rank=1)(handle).result(timeout=30)
+        assert [g[:3] for g in sort_part(handle).result(timeout=30)] == [(0, 0, 10),
+                                                                       (1, 10, 10)]
 
 
 def test_gpus_beyond_the_binding_are_unavailable():

@@ -62,7 +62,7 @@ def test_a_pid_not_holding_the_stack_file_is_never_signalled(tmp_path):
     bystander = subprocess.Popen(["sleep", "60"])
     try:
         (tmp_path / _rankio.stack_name(0, bystander.pid)).write_text("")
-        assert rankio.stacks(str(tmp_path), [0], wait_s=0.3) == {}
+        assert rankio.stacks([str(tmp_path)], [0], wait_s=0.3) == {}
         assert bystander.poll() is None
     finally:
         bystander.kill()
@@ -88,3 +88,33 @@ def test_no_bar_off_a_terminal_by_default(capsys):
     with hetflow.runtime("mpirun", max_ranks=2):
         assert shout("\n").result() == 0
     assert "mpirun tasks" not in capsys.readouterr().err
+
+
+def test_a_stack_shows_the_task_thread_first_without_the_runtime_threads():
+    # A pool rank's dump holds its control thread and zmq's beside the task's; the user must
+    # read where their function is first, and a thread of their own is still shown.
+    dump = "\n".join([
+        "Thread 0x01 (most recent call first):",
+        '  File "/v/site-packages/zmq/utils/garbage.py", line 56 in run',
+        '  File "/usr/lib/python3.11/threading.py", line 1045 in _bootstrap_inner',
+        "",
+        "Thread 0x02 (most recent call first):",
+        '  File "/v/site-packages/hetflow/executors/_pool_worker.py", line 91 in _control_loop',
+        '  File "/usr/lib/python3.11/threading.py", line 982 in run',
+        "",
+        "Thread 0x03 (most recent call first):",
+        '  File "/home/u/mine.py", line 3 in helper_loop',
+        '  File "/usr/lib/python3.11/threading.py", line 982 in run',
+        "",
+        "Current thread 0x04 (most recent call first):",
+        '  File "/v/site-packages/hetflow/frame/_table.py", line 54 in num_rows',
+        '  File "/home/u/app.py", line 23 in mistake',
+        '  File "/v/site-packages/hetflow/_task.py", line 40 in __call__',
+        '  File "/v/site-packages/hetflow/executors/_rank.py", line 200 in run_on_rank',
+    ])
+    text = rankio.with_source(dump)
+    headers = [line for line in text.splitlines() if line and not line.startswith(" ")]
+    assert headers == ["Current thread 0x04 (most recent call first):",
+                       "Thread 0x03 (most recent call first):"]
+    assert "num_rows" in text and "helper_loop" in text
+    assert "_control_loop" not in text and "garbage.py" not in text and "run_on_rank" not in text

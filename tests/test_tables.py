@@ -70,41 +70,16 @@ def test_a_table_that_cannot_be_handed_over_is_a_typed_error():
         handle.to_arrow()                     # the run's temp dir, and the files, are gone
 
 
-@hetflow.mpi_app(ranks=2)
+@hetflow.mpi_app(ranks=2, executors=["pool"])
 def keep_part(comm, rows):
     import pyarrow as pa
 
     return hetflow.keep(pa.table({"n": [comm.Get_rank()] * rows}))
 
 
-@hetflow.mpi_app(ranks=2, returns="all")
+@hetflow.mpi_app(ranks=2, returns="all", executors=["pool"])
 def part_rows(comm, part):
     return part.num_rows
-
-
-def test_files_kept_with_their_run_feed_a_pool_task_of_another_size(tmp_path):
-    with hetflow.runtime("mpirun", max_ranks=2, run_dir=str(tmp_path / "run")):
-        handle = make_table(300).result()
-    assert os.stat(os.path.dirname(handle.paths[0])).st_mode & 0o777 == 0o700
-    with hetflow.runtime("pool", max_ranks=3):
-        parts = local_parts(handle).result()
-        assert [p.num_rows for p in parts] == [200, 200, 200]
-        assert pa.concat_tables(parts).equals(whole(300))
-        # Resident data used by a task of another size: refused at the call.
-        kept = keep_part(5).result()
-        with pytest.raises(hetflow.ConfigError, match="lives on 2 rank"):
-            part_rows.options(ranks=3)(kept)
-        assert part_rows(kept).result() == [5, 5]
-        # A released handle: the error says so.
-        from hetflow.resident import ResidentMissing, release
-
-        release(kept)
-        with pytest.raises(hetflow.TaskFailed) as info:
-            part_rows(kept).result()
-        assert isinstance(info.value.exception, ResidentMissing)
-        assert "was released" in str(info.value), str(info.value)
-    release(handle)
-    assert not any(os.path.exists(p) for p in handle.paths)
 
 
 @hetflow.mpi_app(ranks=2)
@@ -141,3 +116,58 @@ def test_pool_tables_outlive_a_task_that_failed_on_other_ranks(tmp_path):
                     for r in range(2)]
         assert key_sums(handle).result() == expected, executor.events
         assert not any("exited" in e for e in executor.events), executor.events
+
+
+@hetflow.mpi_app(ranks=2, executors="pool")          # one label, or a list
+def table_on_the_pool(comm, rows):
+    from hetflow import frame
+
+    return frame.generate(comm, rows, seed=7)
+
+
+@hetflow.mpi_app(ranks=3, returns="all", executors=["mpirun"])
+def parts_on_mpirun(comm, table):
+    return table.local
+
+
+def test_tables_cross_runtimes_and_the_pool_s_handles_fail_clearly(tmp_path):
+    """Two runtimes in one Parsl config: an mpirun table (files) reaches a pool task, a
+    pool's table (inline, through the client) an mpirun task; then the pool's edges."""
+    import parsl
+
+    from hetflow.executors.mpirun import MpirunExecutor
+    from hetflow.executors.pool import PoolExecutor
+    from hetflow.resident import ResidentMissing, release
+
+    config = parsl.Config(executors=[MpirunExecutor(max_ranks=3), PoolExecutor(max_ranks=3)],
+                          run_dir=str(tmp_path), strategy="none")
+    with parsl.load(config) as dfk:
+        pool_dir = os.path.join(dfk.executors["pool"].run_root, "tables")
+        on_mpirun = hetflow.mpi_app(make_table.fn, ranks=2, executors=["mpirun"])
+        on_pool = hetflow.mpi_app(local_parts.fn, ranks=3, returns="all", executors=["pool"])
+        files = on_mpirun(300).result(timeout=120)
+        assert os.stat(os.path.dirname(files.paths[0])).st_mode & 0o777 == 0o700
+        parts = on_pool(files).result(timeout=120)
+        assert [p.num_rows for p in parts] == [200, 200, 200]
+        assert pa.concat_tables(parts).equals(whole(300))
+        release(files)
+        assert not any(os.path.exists(p) for p in files.paths)
+
+        handle = table_on_the_pool(200).result(timeout=120)
+        assert handle.pool == dfk.executors["pool"].uid
+        parts = parts_on_mpirun(handle).result(timeout=120)
+        assert [p.num_rows for p in parts] == [133, 133, 134]
+        assert pa.concat_tables(parts).equals(whole(200))
+        assert not os.path.exists(pool_dir)                 # the pool wrote no file
+
+        # Resident data given to a task of another size: refused at the call.
+        kept = keep_part(5).result(timeout=120)
+        with pytest.raises(hetflow.ConfigError, match="lives on 2 rank"):
+            part_rows.options(ranks=3)(kept)
+        assert part_rows(kept).result(timeout=120) == [5, 5]
+        # A released handle: the error says so.
+        release(kept)
+        with pytest.raises(hetflow.TaskFailed) as info:
+            part_rows(kept).result(timeout=120)
+        assert isinstance(info.value.exception, ResidentMissing)
+        assert "was released" in str(info.value), str(info.value)

@@ -2,7 +2,9 @@
 
 Each task takes one of two paths (``mode="auto"``): a RAPTOR function task on the
 runtime's one MPI worker (the default: no launch per task), or, for a task with a
-``walltime``, an RP MPI executable task (a fresh ``mpiexec``), which can be stopped alone.
+``walltime`` or GPUs, an RP MPI executable task (a fresh ``mpiexec``), which can be stopped
+alone and whose fresh ranks bind their GPUs before anything initialises CUDA (a RAPTOR
+worker rank keeps the device CUDA first saw, whatever a later task is given).
 
 RP cannot time out or cancel a running function task, and a rank that dies or raises while
 its peers wait in a collective takes the whole worker with it. So every RAPTOR task is
@@ -12,7 +14,6 @@ tasks that were running on it are queued again (:meth:`RadicalExecutor._recycle`
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import shutil
@@ -70,7 +71,10 @@ class RadicalExecutor(Executor):
     pilot: extra ``PilotDescription`` fields (``runtime``, ``queue``, ``project``, ...).
     sandbox_dir: where sessions, sandboxes and logs go (default: inside the runtime's
     run dir); removed at shutdown unless ``keep_sandbox``.
-    mode: "auto" (RAPTOR; walltime tasks as executable tasks), "raptor" or "exec".
+    mode: "auto" (RAPTOR; walltime and GPU tasks as executable tasks), "raptor" or "exec".
+    With ``mode="raptor"`` a GPU task's RAPTOR ranks are bound per task like any other
+    (``CUDA_VISIBLE_DEVICES``, set before the task runs), which holds only while no task
+    has initialised CUDA in those worker ranks.
     provider: where the pilot runs (:mod:`hetflow.executors.providers`); by default this
     machine, or inside a Slurm allocation its nodes. ``slurm={"nodes": 2, "ntasks": 4,
     "partition": ..., "time": "30"}`` (minutes) is short for ``provider=SlurmJob(...)``:
@@ -84,7 +88,7 @@ class RadicalExecutor(Executor):
                  resource: Optional[str] = None, config_dir: Optional[str] = None,
                  pilot: Optional[dict] = None, sandbox_dir: Optional[str] = None,
                  keep_sandbox: bool = False, mode: str = "auto",
-                 startup_timeout: float = 300.0, gpus: Optional[int] = None,
+                 startup_timeout: float = 300.0, gpus=None,
                  slurm: Optional[dict] = None, provider: Optional[Provider] = None,
                  descriptions: Optional[Descriptions] = None):
         if (slurm is not None or provider is not None) and (resource is not None
@@ -97,7 +101,8 @@ class RadicalExecutor(Executor):
         provider.check("radical")
         if max_ranks is None:
             max_ranks = provider.default_slots("radical")
-        super().__init__(label, max_ranks=max_ranks, gpus=gpus)
+        super().__init__(label, max_ranks=max_ranks,
+                         gpus=provider.gpus_per_node() if gpus is None else gpus)
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
         if (resource is None) != (config_dir is None) and resource not in (
@@ -183,12 +188,14 @@ class RadicalExecutor(Executor):
         """Submit ``task`` to RP (first run, or again after its worker was recycled)."""
         if task.handle is None:
             path = "exec" if self.mode == "exec" or (self.mode == "auto"
-                                                     and task.resources.walltime) else "raptor"
+                                                     and (task.resources.walltime or
+                                                          task.resources.gpus_per_rank)) \
+                else "raptor"
             task.handle = _InPilot(path, TaskDir(os.path.join(self.pilot.task_root,
                                                               f"task-{task.id:06d}")))
         handle: _InPilot = task.handle
         if handle.path == "exec":
-            handle.taskdir.create(task.payload, dataclasses.asdict(task.resources),
+            handle.taskdir.create(task.payload, self.rank_resources(task),
                                   self.client_sys_path())
             description = self.pilot.executable_description(handle.taskdir, task.resources)
             submit = self.pilot.tmgr.submit_tasks
@@ -198,7 +205,9 @@ class RadicalExecutor(Executor):
             handle.taskdir.clear()          # a task run again must not see its last run's files
             private_dir(handle.taskdir.path)
             description = self.pilot.function_description(
-                task.payload, handle.taskdir, task.resources.ranks, attempt=True)
+                task.payload, handle.taskdir, task.resources.ranks, attempt=True,
+                devices=self.rank_resources(task)["devices"],
+                gpus_per_rank=task.resources.gpus_per_rank)
             handle.taskdir.set_attempt(description["uid"])
             submit = self.pilot.raptor.submit_tasks
         # Known before RP is: its state callback may come before submit_tasks returns.

@@ -303,9 +303,10 @@ class Pilot:
         return f"hetflow.{next(self.uid_counter):06d}"
 
     def function_description(self, payload: bytes, taskdir: TaskDir, ranks: int,
-                             attempt: bool = False):
+                             attempt: bool = False, devices=None, gpus_per_rank: int = 0):
         """A RAPTOR function task; ``attempt``: its ranks run only while the task dir
-        names this RP task's uid (see ``raptor_rank``)."""
+        names this RP task's uid (see ``raptor_rank``); ``devices``: the GPU ids its ranks
+        bind (``Executor.rank_resources``)."""
         from hetflow.executors._radical_rank import raptor_rank
         rp = import_rp()
 
@@ -315,7 +316,9 @@ class Pilot:
             "uid": uid, "mode": rp.TASK_FUNCTION, "ranks": ranks,
             "function": rp.PythonTask(raptor_rank, [None, payload, taskdir.path,
                                                    client_sys_path(),
-                                                   uid if attempt else None], {})})
+                                                   uid if attempt else None],
+                                        {"devices": devices,
+                                         "gpus_per_rank": gpus_per_rank})})
 
     def executable_description(self, taskdir: TaskDir, resources: Resources):
         """An RP MPI executable task running the shared rank runner on ``taskdir``."""
