@@ -468,16 +468,18 @@ def _pipeline(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
                     f"× {batch or 'batch'}", "Runtime start-up (s)", "Warm-up (s)", "Features (s)",
                     "Hand-off (s)", "Train (s)", "Evaluate (s)", "Rows produced / received",
                     "Final loss", "R²", "n"], body)
-    lines += [f"Makespan: the three tasks from the first submit to the evaluation's result "
-              f"(the runtime's start-up apart, and a warm-up task importing torch on its ranks before the first run: a pilot pays it once, a batch runtime's tasks each time, inside their stage times); × {batch or 'batch'}: against "
-              "the batch runtime's makespan with the table hand-off. Stage columns are each task's "
+    lines += ["Makespan: the three tasks from the first submit to the evaluation's result "
+              "(the runtime's start-up apart, and a warm-up task importing torch on its ranks "
+              "before the first run: a pilot pays it once, a batch runtime's tasks each time, "
+              f"inside their stage times); × {batch or 'batch'}: against the batch runtime's "
+              "makespan with the table hand-off. Stage columns are each task's "
               "function time; hand-off: from the features function returning to the training "
               "function starting (the table written and read back, or kept in the pool's "
               "memory, plus the launch). \"keep\": `hetflow.keep` on the pool's ranks; "
               "\"table\": the returned `DistributedTable` (Parquet files in the run's directory, "
               "or the pool's memory). R²: the evaluation task's, on the features table.", ""]
     body = []
-    for (executor, mode, ranks, train_ranks), grp in groups:
+    for (executor, mode, _ranks, _train), grp in groups:
         speed = median(grp, "tensor_speedup")
         body.append([executor, mode, fmt(median(grp, "train_partition_bytes") / 1e6
                                          if median(grp, "train_partition_bytes") else None),
