@@ -7,10 +7,10 @@ walltimes, delivery with timestamps, and shutdown. A runtime only starts and
 stops work, through these hooks:
 
 ``_start(task)``            required. Run ``task`` on ``task.slots`` (rank slots the
-                            queue gave it) and ``task.devices`` (GPU ids: hand the
-                            ranks :meth:`Executor.rank_resources`, whose binding
-                            ``_rank.bind_rank_environment`` applies); called on the kernel's dispatch thread,
-                            so hand long work to a thread or an event loop. When the
+                            queue gave it) and ``task.devices`` (GPU ids: give the
+                            ranks :meth:`Executor.rank_resources`, which the shared
+                            rank binding applies); called on the kernel's dispatch
+                            thread, so hand long work to a thread or an event loop. When the
                             task ends, call :meth:`Executor.complete` with the ranks'
                             outcomes (or :meth:`Executor.finish` with a value or error).
 ``_stop(task, error)``      required. Stop the running task's processes now. ``error``
@@ -23,8 +23,9 @@ stops work, through these hooks:
 ``_admit(task, args, kwargs)``  optional. Runtime-specific checks at submit time.
 ``_head_blocked(task)``     optional. The queue's first task could not start on the
                             slots there are (a runtime that can reshape them may act).
-``_make_scheduler(max_bypass)``, ``_slots_needed(resources)``  optional. The runtime's
-                            own placement (a :class:`SlotScheduler`) and slot count.
+``_make_scheduler(max_bypass)``, ``_slots_needed(resources)``, ``_gpus_needed(resources)``
+                            optional. The runtime's own placement (a
+                            :class:`SlotScheduler`), slot and device counts.
 
 What a runtime may call on the kernel (nothing else: the kernel's ``_`` names are its
 own, and may change):

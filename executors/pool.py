@@ -199,7 +199,14 @@ class PoolExecutor(Executor):
     def _admit(self, task: Task, args: tuple, kwargs: dict) -> None:
         if self._broken:
             raise ExecutorBroken(f"executor {self.label!r} is broken: {self._broken}")
-        task.handle = _Run(pinned=self._pinned(task.resources, args, kwargs))
+        pinned = self._pinned(task.resources, args, kwargs)
+        if pinned is not None and task.resources.gpus_per_rank:
+            with self.placement() as scheduler:
+                without = [s for s in pinned if s not in scheduler.gpu_slots]
+            if without:
+                raise ConfigError(f"the task asks for GPUs, but its resident data lives on "
+                                  f"pool slots {without}, whose ranks hold none")
+        task.handle = _Run(pinned=pinned)
 
     def _start_runtime(self) -> None:
         import zmq

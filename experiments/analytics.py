@@ -288,7 +288,8 @@ def hetflow_task(comm, rows: int, repeats: int, out_dir: str, queries: Sequence[
     for i, q in enumerate(QUERIES):
         if queries and q.name not in queries:
             continue
-        right_local = None
+        right_local = left = right = run = None
+        _release_free_heap()  # the previous query's leftovers are not this one's baseline
         if q.is_join:
             n = right_rows(q, rows)
             right_local = dimension(q, rows, *_span(n, rank, size))

@@ -130,7 +130,7 @@ def _header(run: dict, rows: List[dict]) -> List[str]:
     out.append(f"Run `{run['run_id']}`: ranks {cfg.get('ranks')}, {rows_txt} {unit}, "
                f"{cfg.get('iterations')} iteration(s) per task, {cfg.get('repeats')} repeat(s); "
                f"executors {cfg.get('executors')}.")
-    if cfg.get("scale_factor"):
+    if (cfg.get("scale_factor") or 0) > 1:
         out.append(f"Scale: {cfg['paper_rows']:,} rows in the paper → {max(cfg['rows']):,} here, "
                    f"**{cfg['scale_factor']:,.0f}× smaller** (this machine: {run.get('cores')} "
                    f"cores, {run.get('host', {}).get('mem_gib')} GiB).")

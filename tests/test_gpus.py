@@ -89,3 +89,35 @@ def test_slurm_jobs_and_pilots_ask_slurm_for_gpus():
     assert job.rp_pilot_fields(4, 2)["gpus"] == 8
     with pytest.raises(hetflow.ConfigError, match="gpus_per_node"):
         allocation.check_request({"gpus_per_node": "two"})
+
+
+RAPTOR_RANKS = '''
+import os, sys
+from mpi4py import MPI
+import mpiutil
+from hetflow.executors._radical_rank import raptor_rank
+from hetflow.executors._rank import TaskPayload
+from hetflow.executors.taskdir import TaskDir
+from hetflow.spec import Resources
+
+world = MPI.COMM_WORLD
+taskdir = TaskDir(os.path.join(sys.argv[1], "task"))
+if world.Get_rank() == 0:
+    taskdir.create(b"", {}, [])
+world.Barrier()
+os.environ["CUDA_VISIBLE_DEVICES"] = "9"     # what the worker rank had before the task
+payload = TaskPayload(0, os.getenv, ("CUDA_VISIBLE_DEVICES",), {},
+                      Resources(ranks=2, gpus_per_rank=1)).dumps()
+ok = raptor_rank(world, payload, taskdir.path, [], devices=["7", "4"], gpus_per_rank=1)
+world.Barrier()
+mpiutil.report((ok, taskdir.outcomes()[world.Get_rank()].load_value(),
+                os.environ["CUDA_VISIBLE_DEVICES"]))
+'''
+
+
+def test_raptor_ranks_bind_their_own_device_for_the_task_only(tmp_path):
+    from mpiutil import run_mpi
+
+    got = run_mpi(RAPTOR_RANKS, 2, args=[tmp_path]).values(2)
+    # each worker rank saw its own device during the task, and its own setting after it
+    assert got == [(True, "7", "9"), (True, "4", "9")]

@@ -373,6 +373,15 @@ def test_hostfile_start_and_core_pinning():
         assert [g[2] for g in got] == ["0", "1", "", ""]
 
 
+def test_a_gpu_task_on_resident_data_of_cpu_ranks_is_refused():
+    with pool(gpus=["7", "4"]):
+        handle = make_part(10).result(timeout=30)       # a CPU task: on the ranks without GPUs
+        with pytest.raises(hetflow.ConfigError, match="whose ranks hold none"):
+            sort_part.options(gpus_per_rank=1)(handle).result(timeout=30)
+        assert [g[:3] for g in sort_part(handle).result(timeout=30)] == [(0, 0, 10),
+                                                                       (1, 10, 10)]
+
+
 def test_gpus_beyond_the_binding_are_unavailable():
     with pool(max_ranks=2):
         with pytest.raises(hetflow.ResourcesUnavailable, match="GPU"):
