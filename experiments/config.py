@@ -25,7 +25,10 @@ KINDS = {
     "peers": "total",         # total rows of each table, one size per entry
     "analytics": "total",     # rows of the big table, one size per entry
     "paper": "per_rank",      # rows per rank of the weak cases (strong: ``strong_rows``)
+    "pipeline": "per_rank",   # events per rank of the features task
 }
+#: How the pipeline's features table reaches its later tasks (see experiments/pipeline.py).
+HANDOFFS = ("table", "keep")
 OPS = ("join", "sort")
 
 
@@ -54,6 +57,13 @@ class ExperimentConfig:
     strong_rows: Tuple[int, ...] = ()
     #: (paper) whether ``hetflow bench all`` runs it (the paper's scale takes minutes and GiBs)
     in_all: bool = True
+    #: (pipeline) ranks of the training task (``ranks``: those of the features and evaluation)
+    train_ranks: int = 2
+    #: (pipeline) how the table is handed over: "table" everywhere, "keep" on the pool only
+    handoffs: Tuple[str, ...] = ("table",)
+    #: (pipeline) training mini-batch size and hidden width of the MLP
+    batch_size: int = 64
+    hidden: int = 16
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -67,7 +77,11 @@ class ExperimentConfig:
                                  for v in values):
                 raise ConfigError(f"experiment {self.name!r}: {name} must be a non-empty list of "
                                   f"positive ints, got {list(values)!r}")
-        for name in ("iterations", "repeats", "tasks"):
+        bad = [h for h in self.handoffs if h not in HANDOFFS]
+        if bad or not self.handoffs:
+            raise ConfigError(f"experiment {self.name!r}: handoffs must be some of {HANDOFFS}, "
+                              f"got {list(self.handoffs)!r}")
+        for name in ("iterations", "repeats", "tasks", "train_ranks", "batch_size", "hidden"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"experiment {self.name!r}: {name} must be a positive int, "

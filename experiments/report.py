@@ -14,7 +14,8 @@ import statistics
 from collections import defaultdict
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-ORDER = ("weak", "strong", "overhead", "pilot", "pilot_slurm", "peers", "analytics", "paper")
+ORDER = ("weak", "strong", "overhead", "pilot", "pilot_slurm", "peers", "analytics", "paper",
+         "pipeline")
 #: Paper figures quoted next to ours.
 PAPER = {
     "weak": "paper: 35 M rows per rank, up to thousands of ranks on Rivanna/Summit",
@@ -411,7 +412,9 @@ def _paper(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     lines += ["Rows/s/rank: rows per rank / op time (one iteration, mean over ranks). Peak RSS: "
               "the rank's peak resident set over the task (data generation included), the "
               "largest over ranks; partition: its input tables' bytes (two int64 columns, both "
-              "tables for a join). A strong case with as many rows per rank as a weak one is "
+              "tables for a join); ranks that outlive a task (radical's and the pool's) report "
+              "their process's peak so far, so a sort after a join shows the join's. A strong "
+              "case with as many rows per rank as a weak one is "
               "the same task, run once and listed under both. "
               + ("Paper: the bare-metal Cylon figures on Summit as read from the paper."
                  if PAPER_SUMMIT else
@@ -421,8 +424,124 @@ def _paper(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     return lines, []
 
 
+
+
+def _flat(r: dict) -> dict:
+    """A pipeline row's nested figures as flat fields (for ``stat``/``median``)."""
+    out = dict(r)
+    for stage, times in (r.get("stages") or {}).items():
+        for key, value in (times or {}).items():
+            out[f"{stage}_{key}"] = value
+    for key, value in (r.get("train") or {}).items():
+        out[f"train_{key}"] = value
+    for key, value in (r.get("evaluation") or {}).items():
+        out[f"eval_{key}"] = value
+    losses = out.get("train_losses") or []
+    out["final_loss"] = losses[-1] if losses else None
+    if out.get("train_deeprc_s") and out.get("train_hetflow_s"):
+        out["tensor_speedup"] = out["train_deeprc_s"] / out["train_hetflow_s"]
+    return out
+
+
+def _pipeline(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
+    runs = [_flat(r) for r in rows if r.get("kind") == "pipeline"]
+    execs = _executors_in(runs, run)
+    groups = sorted(_group(runs, "executor", "mode", "ranks", "train_ranks").items(),
+                    key=lambda kv: (execs.index(kv[0][0]), kv[0][1], kv[0][2]))
+    present = {r["executor"] for r in runs if r.get("mode") == "table"}
+    batch = "slurm" if "slurm" in present else ("mpirun" if "mpirun" in present else None)
+    base = median([r for r in runs if r["executor"] == batch and r["mode"] == "table"],
+                  "makespan_s") if batch else None
+    body = []
+    for (executor, mode, ranks, train_ranks), grp in groups:
+        mine = median(grp, "makespan_s")
+        ratio = f"{mine / base:.2f}" if base and mine is not None else "–"
+        produced = sorted({r.get("rows_produced") for r in grp})
+        received = sorted({r.get("train_rows_received") for r in grp})
+        body.append([executor, mode, f"{ranks} → {train_ranks} → {ranks}", stat(grp, "makespan_s"),
+                     ratio, stat(grp, "startup_s"), stat(grp, "warmup_s"),
+                     stat(grp, "features_function_s"),
+                     stat(grp, "handoff_s"), stat(grp, "train_function_s"),
+                     stat(grp, "evaluate_function_s"),
+                     ", ".join(f"{p:,}" for p in produced if p is not None) + " / "
+                     + ", ".join(f"{p:,}" for p in received if p is not None),
+                     fmt(median(grp, "final_loss")), fmt(median(grp, "eval_r2")), len(grp)])
+    lines = _table(["Executor", "Hand-off", "Ranks", "Makespan (s)",
+                    f"× {batch or 'batch'}", "Runtime start-up (s)", "Warm-up (s)", "Features (s)",
+                    "Hand-off (s)", "Train (s)", "Evaluate (s)", "Rows produced / received",
+                    "Final loss", "R²", "n"], body)
+    lines += ["Makespan: the three tasks from the first submit to the evaluation's result "
+              "(the runtime's start-up apart, and a warm-up task importing torch on its ranks "
+              "before the first run: a pilot pays it once, a batch runtime's tasks each time, "
+              f"inside their stage times); × {batch or 'batch'}: against the batch runtime's "
+              "makespan with the table hand-off. Stage columns are each task's "
+              "function time; hand-off: from the features function returning to the training "
+              "function starting (the table written and read back, or kept in the pool's "
+              "memory, plus the launch). \"keep\": `hetflow.keep` on the pool's ranks; "
+              "\"table\": the returned `DistributedTable` (Parquet files in the run's directory, "
+              "or the pool's memory). R²: the evaluation task's, on the features table.", ""]
+    body = []
+    for (executor, mode, _ranks, _train), grp in groups:
+        speed = median(grp, "tensor_speedup")
+        body.append([executor, mode, fmt(median(grp, "train_partition_bytes") / 1e6
+                                         if median(grp, "train_partition_bytes") else None),
+                     stat(grp, "train_deeprc_s"), stat(grp, "train_hetflow_s"),
+                     f"{speed:.2f}" if speed else "–",
+                     fmt(median(grp, "train_deeprc_copied_bytes") / 1e6
+                         if median(grp, "train_deeprc_copied_bytes") else None),
+                     fmt(median(grp, "train_hetflow_copied_bytes") / 1e6
+                         if median(grp, "train_hetflow_copied_bytes") is not None else None),
+                     len(grp)])
+    lines += ["Table to tensors, side by side in the training task on the same partitions "
+              "(timed in alternation, median of the repeats, slowest rank's view not taken: "
+              "rank-local times): Deep RC's copy path (`to_pandas` → `to_numpy` → `astype` → "
+              "`torch.from_numpy`) against `hetflow.torch.batches` (one pass over its batches).", ""]
+    lines += _table(["Executor", "Hand-off", "Table (MB, all ranks)", "Deep RC path (s)",
+                     "hetflow batches (s)", "Speed-up", "Deep RC copied (MB)",
+                     "hetflow copied (MB)", "n"], body)
+    lines += ["Copied bytes: Deep RC's are the pandas frame, the stacked array and its cast, for "
+              "features and label; hetflow's are what `batches` reports (`copied_bytes`: the one "
+              "stacking copy of the feature columns; the label column reaches torch without one).", ""]
+    return lines, _plot_pipeline(runs, execs, out_dir, stem)
+
+
+def _plot_pipeline(runs, execs, out_dir, stem) -> List[str]:
+    if out_dir is None or not runs:
+        return []
+    plt = _plt()
+    fig, (curve, bars) = plt.subplots(1, 2, figsize=(10, 4))
+    for (executor, mode), grp in sorted(_group(runs, "executor", "mode").items(),
+                                        key=lambda kv: (execs.index(kv[0][0]), kv[0][1])):
+        first = min(grp, key=lambda r: r.get("repeat", 0))
+        losses = first.get("train_losses") or []
+        curve.plot(range(1, len(losses) + 1), losses, marker="o", label=f"{executor} ({mode})")
+    curve.set_xlabel("epoch")
+    curve.set_ylabel("training loss (MSE, mean over ranks)")
+    curve.set_yscale("log")
+    curve.set_title("loss curve (first repeat)")
+    curve.legend(fontsize=8)
+    names, parts = [], {"features": [], "hand-off": [], "train": [], "evaluate": []}
+    for (executor, mode), grp in sorted(_group(runs, "executor", "mode").items(),
+                                        key=lambda kv: (execs.index(kv[0][0]), kv[0][1])):
+        names.append(f"{executor}\n{mode}")
+        parts["features"].append(median(grp, "features_function_s") or 0.0)
+        parts["hand-off"].append(median(grp, "handoff_s") or 0.0)
+        parts["train"].append(median(grp, "train_function_s") or 0.0)
+        parts["evaluate"].append(median(grp, "evaluate_function_s") or 0.0)
+    bottom = [0.0] * len(names)
+    for label, values in parts.items():
+        bars.bar(names, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    bars.set_ylabel("seconds (median)")
+    bars.set_title("per-stage times")
+    bars.legend(fontsize=8)
+    bars.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    return [_save(fig, plt, out_dir, f"{stem}.png")]
+
+
 SECTIONS = {"weak": _scaling, "strong": _scaling, "overhead": _overhead, "pilot": _pilot,
-            "peers": _peers, "analytics": _analytics, "paper": _paper}
+            "peers": _peers, "analytics": _analytics, "paper": _paper, "pipeline": _pipeline}
 
 
 # --------------------------------------------------------------------------- plots
