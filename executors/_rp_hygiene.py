@@ -171,7 +171,7 @@ def release_client_handles(base: str, before: set) -> None:
     gc.collect()
     # Descriptors into the session dir that no Python file object owns: write_json's.
     owned = {obj.fileno() for obj in gc.get_objects()
-             if isinstance(obj, io.FileIO) and not obj.closed}
+             if issubclass(type(obj), io.FileIO) and not obj.closed}   # type(): see _is_rp_zmq
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
         try:
