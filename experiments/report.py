@@ -500,6 +500,12 @@ def _pipeline(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     lines += ["Copied bytes: Deep RC's are the pandas frame, the stacked array and its cast, for "
               "features and label; hetflow's are what `batches` reports (`copied_bytes`: the one "
               "stacking copy of the feature columns; the label column reaches torch without one).", ""]
+    lines += ["Training loss per epoch (first repeat; the same seed and data on every runtime):", ""]
+    for (executor, mode, ranks, train_ranks), grp in groups:
+        first = min(grp, key=lambda r: r.get("repeat", 0))
+        losses = ", ".join(fmt(v) for v in first.get("train_losses") or [])
+        lines.append(f"- {executor} ({mode}, {ranks} → {train_ranks} ranks): {losses}")
+    lines.append("")
     return lines, _plot_pipeline(runs, execs, out_dir, stem)
 
 
@@ -516,7 +522,10 @@ def _plot_pipeline(runs, execs, out_dir, stem) -> List[str]:
     curve.set_xlabel("epoch")
     curve.set_ylabel("training loss (MSE, mean over ranks)")
     curve.set_yscale("log")
-    curve.set_title("loss curve (first repeat)")
+    curve.set_title("loss curve (first repeat; equal curves overlap)")
+    from matplotlib.ticker import MaxNLocator
+
+    curve.xaxis.set_major_locator(MaxNLocator(integer=True))
     curve.legend(fontsize=8)
     names, parts = [], {"features": [], "hand-off": [], "train": [], "evaluate": []}
     for (executor, mode), grp in sorted(_group(runs, "executor", "mode").items(),
