@@ -469,9 +469,10 @@ def _pipeline(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
                     "Hand-off (s)", "Train (s)", "Evaluate (s)", "Rows produced / received",
                     "Final loss", "R²", "n"], body)
     lines += ["Makespan: the three tasks from the first submit to the evaluation's result "
-              "(the runtime's start-up apart, and a warm-up task importing torch on its ranks "
-              "before the first run: a pilot pays it once, a batch runtime's tasks each time, "
-              f"inside their stage times); × {batch or 'batch'}: against the batch runtime's "
+              "(the runtime's start-up apart, and, on a runtime whose ranks outlive a task, a tiny "
+              "warm-up run first: a pilot pays torch's import and first process group once, a "
+              f"batch runtime's tasks each time, inside their stage times); "
+              f"× {batch or 'batch'}: against the batch runtime's "
               "makespan with the table hand-off. Stage columns are each task's "
               "function time; hand-off: from the features function returning to the training "
               "function starting (the table written and read back, or kept in the pool's "
