@@ -492,9 +492,10 @@ def _pipeline(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
                          if median(grp, "train_hetflow_copied_bytes") is not None else None),
                      len(grp)])
     lines += ["Table to tensors, side by side in the training task on the same partitions "
-              "(timed in alternation, median of the repeats, slowest rank's view not taken: "
-              "rank-local times): Deep RC's copy path (`to_pandas` → `to_numpy` → `astype` → "
-              "`torch.from_numpy`) against `hetflow.torch.batches` (one pass over its batches).", ""]
+              "(rank 0's times, the median of 3 alternations of the two paths, each between "
+              "barriers; then the median over repeats): Deep RC's copy path (`to_pandas` → "
+              "`to_numpy` → `astype` → `torch.from_numpy`) against `hetflow.torch.batches` "
+              "(one pass over its batches).", ""]
     lines += _table(["Executor", "Hand-off", "Table (MB, all ranks)", "Deep RC path (s)",
                      "hetflow batches (s)", "Speed-up", "Deep RC copied (MB)",
                      "hetflow copied (MB)", "n"], body)
