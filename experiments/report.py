@@ -412,7 +412,9 @@ def _paper(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     lines += ["Rows/s/rank: rows per rank / op time (one iteration, mean over ranks). Peak RSS: "
               "the rank's peak resident set over the task (data generation included), the "
               "largest over ranks; partition: its input tables' bytes (two int64 columns, both "
-              "tables for a join). A strong case with as many rows per rank as a weak one is "
+              "tables for a join); ranks that outlive a task (radical's and the pool's) report "
+              "their process's peak so far, so a sort after a join shows the join's. A strong "
+              "case with as many rows per rank as a weak one is "
               "the same task, run once and listed under both. "
               + ("Paper: the bare-metal Cylon figures on Summit as read from the paper."
                  if PAPER_SUMMIT else

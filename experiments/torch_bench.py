@@ -79,6 +79,9 @@ def _torchrun_worker(out: str, steps: int, submitted: float) -> None:
     if dist.get_rank() == 0:
         with open(out, "w") as fh:
             json.dump(got, fh)
+    # every rank done before any destroys its group (a rank 1 that left first was seen to
+    # abort in torch's teardown: "terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 

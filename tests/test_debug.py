@@ -94,6 +94,12 @@ def test_cancel_queued_task_and_refuse_running(dfk, tmp_path):
     second = plus(1, 1)           # queued behind the running task: one slot
     while hetflow.task_state(first) != "EXECUTING":
         time.sleep(0.01)
+    # Parsl hands a ready task to its executor from a launch thread, not in the call: `second`
+    # is NEW until then, however long `first` has been running.
+    deadline = time.monotonic() + 60
+    while hetflow.task_state(second) == "NEW":
+        assert time.monotonic() < deadline, "Parsl never handed the second task to the executor"
+        time.sleep(0.01)
     assert hetflow.task_state(second) == "SCHEDULING"
     assert hetflow.cancel(second) is True
     with pytest.raises(hetflow.TaskCancelled, match="before it started"):

@@ -101,7 +101,7 @@ def test_more_ranks_than_the_runtime_can_give_fails_at_call_time(runtime_name):
     with pytest.raises(hetflow.ResourcesUnavailable, match="4"):
         noop.options(ranks=5)()               # raised by the call itself, no future
     with pytest.raises(hetflow.ResourcesUnavailable, match="GPU"):
-        noop.options(gpus_per_rank=3)()       # 2 declared GPUs (conftest), or none
+        noop.options(gpus_per_rank=5)()       # 2 declared GPUs (conftest), 4 on Slurm (gres)
     assert noop().result() is None
 
 

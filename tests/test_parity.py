@@ -51,8 +51,9 @@ def rendezvous(comm, mine, theirs, timeout=60.0):
 @hetflow.mpi_app(ranks=1, returns="all")
 def devices_while_met(comm, directory, tag, expected=0, after=(), timeout=60.0):
     """This rank's CUDA_VISIBLE_DEVICES, left in ``directory`` as ``tag-RANK``, once
-    ``expected`` ranks left theirs (so the tasks meant to overlap all ran at once), and
-    whether one of the tasks named in ``after`` had ended (``NAME.done``) when it started."""
+    ``expected`` ranks left theirs (so the tasks meant to overlap all ran at once), whether
+    one of the tasks named in ``after`` had ended (``NAME.done``) when it started, and its
+    host (a device id names a GPU of one node)."""
     seen = os.environ.get("CUDA_VISIBLE_DEVICES")
     waited = any(os.path.exists(os.path.join(directory, f"{name}.done")) for name in after)
     mine = os.path.join(directory, f"{tag}-{comm.Get_rank()}")
@@ -69,7 +70,7 @@ def devices_while_met(comm, directory, tag, expected=0, after=(), timeout=60.0):
     met = comm.allreduce(met, op=__import__("mpi4py").MPI.LAND)
     if comm.Get_rank() == 0:
         open(os.path.join(directory, f"{tag}.done"), "w").close()
-    return (seen, waited, met)
+    return (seen, waited, met, __import__("socket").gethostname())
 
 
 @hetflow.mpi_app(ranks=2, returns="all")
@@ -179,10 +180,8 @@ def test_heterogeneous_tasks_run_at_once_on_their_own_sizes(runtime_name):
 def test_gpu_tasks_get_disjoint_devices_and_wait_for_free_ones(runtime_name, executor):
     from conftest import DECLARED_GPUS
 
-    if runtime_name == "slurm":     # Slurm schedules GPUs (gres); the test cluster has none
-        with pytest.raises(hetflow.ResourcesUnavailable, match="GPU"):
-            devices_while_met.options(gpus_per_rank=1)("/nonexistent", "x")
-        return
+    if runtime_name == "slurm":     # Slurm schedules and binds GPUs (gres: 2 per node)
+        return _slurm_gpu_tasks(executor)
     assert executor.gpu_ids == DECLARED_GPUS
     gpu = devices_while_met.options(gpus_per_rank=1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -199,6 +198,33 @@ def test_gpu_tasks_get_disjoint_devices_and_wait_for_free_ones(runtime_name, exe
         # two ranks of one task: one device each
         both = gpu.options(ranks=2)(tmp, "e").result()
         assert sorted(r[0] for r in both) == sorted(DECLARED_GPUS)
+
+
+def _slurm_gpu_tasks(executor):
+    # The test cluster's nodes (.ci/slurm) have 2 CPUs and 2 GPUs ("0", "1") each.
+    assert executor.gpus == 4
+    both_gpus = devices_while_met.options(gpus_per_rank=2)
+    with tempfile.TemporaryDirectory() as tmp:
+        # Two tasks of 2 GPUs each need a node each, and a CPU task runs beside them ...
+        a, b = both_gpus(tmp, "a", 3), both_gpus(tmp, "b", 3)
+        cpu = devices_while_met(tmp, "c", 3)
+        # ... and a third, with a CPU free but no node's GPUs, waits for one of them. Slurm
+        # takes jobs in the order they come, not hetflow's: submitted with the others, it
+        # could take a node's GPUs before "a" did.
+        deadline = time.monotonic() + 60
+        while not all(os.path.exists(os.path.join(tmp, f"{t}-0")) for t in "abc"):
+            assert time.monotonic() < deadline, os.listdir(tmp)
+            time.sleep(0.05)
+        late = both_gpus(tmp, "d", after=("a", "b"))
+        (got_a,), (got_b,), (got_cpu,), (got_late,) = (f.result() for f in (a, b, cpu, late))
+        assert got_a[2] and got_b[2] and got_cpu[2]          # they overlapped
+        assert got_a[0] == got_b[0] == "0,1" and got_a[3] != got_b[3]
+        assert got_cpu[0] is None                             # Slurm binds it none
+        assert got_late[1] and got_late[0] == "0,1"           # it started after one ended
+        # two ranks of one task: one device each, as Slurm binds them (per task)
+        both = devices_while_met.options(ranks=2, gpus_per_rank=1)(tmp, "e").result()
+        assert [r[0] in ("0", "1") for r in both] == [True, True]
+        assert len({(r[3], r[0]) for r in both}) == 2
 
 
 def test_future_as_dependency(runtime_name):
