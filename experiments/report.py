@@ -15,7 +15,7 @@ from collections import defaultdict
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 ORDER = ("weak", "strong", "overhead", "pilot", "pilot_slurm", "peers", "analytics", "paper",
-         "pipeline")
+         "pipeline", "pipeline_slurm")
 #: Paper figures quoted next to ours.
 PAPER = {
     "weak": "paper: 35 M rows per rank, up to thousands of ranks on Rivanna/Summit",
