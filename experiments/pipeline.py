@@ -186,16 +186,6 @@ def evaluate_task(comm, table, trained: Dict):
             "r2": 1.0 - mse / variance if variance > 0 else None}
 
 
-def warm_task(comm) -> float:
-    """Import what the stages import; the seconds it took (a pilot pays it once)."""
-    t0 = time.perf_counter()
-    import pandas  # noqa: F401 - imported for its cost alone
-    import torch  # noqa: F401
-
-    import hetflow.torch  # noqa: F401
-    return time.perf_counter() - t0
-
-
 def run_chain(*, feature_ranks: int, train_ranks: int, rows_per_rank: int, mode: str,
               epochs: int, batch_size: int = 64, hidden: int = 16, lr: float = 0.01,
               seed: int = 0, timeout: float = 900.0) -> Dict:

@@ -15,7 +15,7 @@ from collections import defaultdict
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 ORDER = ("weak", "strong", "overhead", "pilot", "pilot_slurm", "peers", "analytics", "paper",
-         "pipeline")
+         "pipeline", "pipeline_slurm")
 #: Paper figures quoted next to ours.
 PAPER = {
     "weak": "paper: 35 M rows per rank, up to thousands of ranks on Rivanna/Summit",
@@ -471,9 +471,10 @@ def _pipeline(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
                     "Hand-off (s)", "Train (s)", "Evaluate (s)", "Rows produced / received",
                     "Final loss", "R²", "n"], body)
     lines += ["Makespan: the three tasks from the first submit to the evaluation's result "
-              "(the runtime's start-up apart, and a warm-up task importing torch on its ranks "
-              "before the first run: a pilot pays it once, a batch runtime's tasks each time, "
-              f"inside their stage times); × {batch or 'batch'}: against the batch runtime's "
+              "(the runtime's start-up apart, and, on a runtime whose ranks outlive a task, a tiny "
+              "warm-up run first: a pilot pays torch's import and first process group once, a "
+              f"batch runtime's tasks each time, inside their stage times); "
+              f"× {batch or 'batch'}: against the batch runtime's "
               "makespan with the table hand-off. Stage columns are each task's "
               "function time; hand-off: from the features function returning to the training "
               "function starting (the table written and read back, or kept in the pool's "
@@ -493,15 +494,22 @@ def _pipeline(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
                          if median(grp, "train_hetflow_copied_bytes") is not None else None),
                      len(grp)])
     lines += ["Table to tensors, side by side in the training task on the same partitions "
-              "(timed in alternation, median of the repeats, slowest rank's view not taken: "
-              "rank-local times): Deep RC's copy path (`to_pandas` → `to_numpy` → `astype` → "
-              "`torch.from_numpy`) against `hetflow.torch.batches` (one pass over its batches).", ""]
+              "(rank 0's times, the median of 3 alternations of the two paths, each between "
+              "barriers; then the median over repeats): Deep RC's copy path (`to_pandas` → "
+              "`to_numpy` → `astype` → `torch.from_numpy`) against `hetflow.torch.batches` "
+              "(one pass over its batches).", ""]
     lines += _table(["Executor", "Hand-off", "Table (MB, all ranks)", "Deep RC path (s)",
                      "hetflow batches (s)", "Speed-up", "Deep RC copied (MB)",
                      "hetflow copied (MB)", "n"], body)
     lines += ["Copied bytes: Deep RC's are the pandas frame, the stacked array and its cast, for "
               "features and label; hetflow's are what `batches` reports (`copied_bytes`: the one "
               "stacking copy of the feature columns; the label column reaches torch without one).", ""]
+    lines += ["Training loss per epoch (first repeat; the same seed and data on every runtime):", ""]
+    for (executor, mode, ranks, train_ranks), grp in groups:
+        first = min(grp, key=lambda r: r.get("repeat", 0))
+        losses = ", ".join(fmt(v) for v in first.get("train_losses") or [])
+        lines.append(f"- {executor} ({mode}, {ranks} → {train_ranks} ranks): {losses}")
+    lines.append("")
     return lines, _plot_pipeline(runs, execs, out_dir, stem)
 
 
@@ -518,7 +526,10 @@ def _plot_pipeline(runs, execs, out_dir, stem) -> List[str]:
     curve.set_xlabel("epoch")
     curve.set_ylabel("training loss (MSE, mean over ranks)")
     curve.set_yscale("log")
-    curve.set_title("loss curve (first repeat)")
+    curve.set_title("loss curve (first repeat; equal curves overlap)")
+    from matplotlib.ticker import MaxNLocator
+
+    curve.xaxis.set_major_locator(MaxNLocator(integer=True))
     curve.legend(fontsize=8)
     names, parts = [], {"features": [], "hand-off": [], "train": [], "evaluate": []}
     for (executor, mode), grp in sorted(_group(runs, "executor", "mode").items(),

@@ -100,6 +100,12 @@ def _rebind(obj: Any, comm):
 
     if not isinstance(held, MPI.Comm):
         return obj
+    from hetflow.frame import DistributedTable
+
+    if isinstance(obj, DistributedTable):
+        # Built on ``comm`` itself: a copy would first touch the old communicator, which
+        # may already be freed with the task that kept the table.
+        return DistributedTable(comm, obj.local, backend=obj.backend)
     import copy
 
     rebound = copy.copy(obj)
