@@ -72,8 +72,26 @@ def tighten(root: str) -> None:
 
 
 def private_dir(path: str) -> str:
-    """Create ``path`` (and parents) owner-only; an existing dir is tightened to 0700."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    """Create ``path`` and its missing parents owner-only; an existing ``path`` is tightened
+    to 0700 (existing parents are left as they are).
+
+    Not ``os.makedirs(mode=0o700)`` alone: it gives the parents it creates the umask's mode,
+    and a rank runs under the user's umask (022: a world-readable ``tables/``).
+    """
+    missing = []
+    head = os.path.abspath(path)
+    while not os.path.isdir(head):
+        missing.append(head)
+        parent = os.path.dirname(head)
+        if parent == head:
+            break
+        head = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:   # another rank made it meanwhile: tightened below
+            pass
+        os.chmod(directory, 0o700)
     os.chmod(path, 0o700)
     return path
 

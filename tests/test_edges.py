@@ -62,3 +62,22 @@ def test_readme_says_what_the_debug_runtime_refuses():
             one.options(walltime=5)()
         with pytest.raises(hetflow.ResourcesUnavailable, match="2 rank"):
             one.options(ranks=2)()
+
+
+def test_private_dir_makes_its_missing_parents_owner_only(tmp_path):
+    # A rank runs under the user's umask when it writes a returned table: the parents it
+    # creates (runinfo/000/<label>/tables) must be owner-only too, not the umask's 0755.
+    import stat
+
+    from hetflow._private import private_dir
+
+    old = os.umask(0o022)
+    try:
+        leaf = private_dir(str(tmp_path / "runinfo" / "000" / "radical" / "tables" / "task-1"))
+    finally:
+        os.umask(old)
+    path = tmp_path
+    for part in ("runinfo", "000", "radical", "tables", "task-1"):
+        path = path / part
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o700, path
+    assert leaf == str(path)
