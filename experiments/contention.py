@@ -4,13 +4,17 @@ processes take meanwhile.
 ``python -m hetflow.experiments.contention [--executors mpirun,pool,radical] [--rows 100000]
 [--repeats 30] [--pause-radical]`` runs one 2-rank task per runtime (the weak experiment's
 join: ``--rows`` rows per rank and table), which times the join ``--repeats`` times and
-reports, per rank, what its task thread got while it did:
+reports, per rank, what its task thread got while it did (the loop's length: below):
 
 - the join's median time (``barrier; t0; join; barrier; t1``);
 - the thread's CPU seconds over the loop's wall time (1.0: it ran all the time);
 - how often another thread took its core (involuntary context switches per second);
 - the CPU the node's other processes used meanwhile, in cores (``/proc/stat``'s busy time less
   this task's ranks; the same on every rank).
+
+``/proc/stat`` counts in clock ticks (10 ms), up to one tick off per CPU at each end, so the
+loop runs at least ``--repeats`` joins *and* at least ``MIN_WINDOW_S`` seconds: over a 2 ms loop
+one stray tick would read as several cores.
 
 A runtime whose own processes keep the cores busy while the ranks compute (RADICAL-Pilot's
 agent, components and bridges poll every 10 ms) takes CPU from the ranks, and each time it
@@ -28,6 +32,7 @@ import sys
 import hetflow
 
 RANKS = 2
+MIN_WINDOW_S = 1.0  # 100 ticks: /proc/stat's rounding stays under 0.02 cores per CPU
 
 
 def _busy_ticks() -> int:
@@ -96,12 +101,15 @@ def probe(comm, rows: int, repeats: int, pause: bool):
         own0 = time.process_time()
         wall0 = time.perf_counter()
         times = []
-        for _ in range(repeats):
+        more = True
+        while more:  # rank 0 decides for all, so every rank runs the same number of joins
             barrier(comm)
             t0 = time.perf_counter()
             frame.join(left, right, on=key, how="inner")
             barrier(comm)
             times.append(time.perf_counter() - t0)
+            more = comm.bcast(len(times) < repeats
+                              or time.perf_counter() - wall0 < MIN_WINDOW_S, root=0)
         wall = time.perf_counter() - wall0
         cpu, switches = time.thread_time() - cpu0, _thread_switches() - switches0
         busy = (_busy_ticks() - busy0) / os.sysconf("SC_CLK_TCK")
@@ -140,8 +148,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = run([e.strip() for e in args.executors.split(",") if e.strip()], args.rows,
                args.repeats, args.pause_radical)
-    print(f"{RANKS}-rank join, {args.rows:,} rows per rank and table, {args.repeats} times, "
-          f"{os.cpu_count()} cores")
+    print(f"{RANKS}-rank join, {args.rows:,} rows per rank and table, at least {args.repeats} "
+          f"times and {MIN_WINDOW_S:g} s, {os.cpu_count()} cores")
     print(f"{'executor':<9} {'rank':>4} {'join ms':>8} {'thread cpu':>10} {'preempted/s':>11} "
           f"{'others (cores)':>14} {'paused':>6}")
     for r in rows:

@@ -248,7 +248,9 @@ def test_contention_experiment_reports_what_each_rank_got(tmp_path):
     assert sorted((e, r) for e, r, *_ in rows) == [("mpirun", "0"), ("mpirun", "1"),
                                                    ("pool", "0"), ("pool", "1")], run.stdout
     for _, _, ms, share, _, others, paused in rows:
-        assert float(ms) > 0 and 0 < float(share) <= 1.05 and float(others) <= 2 * os.cpu_count()
+        # others: at most every core of the node; the loop lasts >= 1 s, so /proc/stat's 10 ms
+        # ticks round by 0.01 core per CPU at most (over 3 bare joins of 2 ms, by 8 cores)
+        assert float(ms) > 0 and 0 < float(share) <= 1.05 and float(others) <= os.cpu_count() + 0.1
         assert paused == "0"   # only the radical task pauses anything, and only when asked
 
 
