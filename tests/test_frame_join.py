@@ -311,3 +311,94 @@ def test_wide_integer_keys_match_by_bucket_as_the_sort_merge_does(monkeypatch):
     assert _localjoin._match_hashed(a, b, "inner") is None
     assert pairs(_localjoin.match(pa.array(a), pa.array(b), "inner")) == \
         pairs(sort_merge(a, b, "inner"))
+
+
+COLLISION_SCRIPT = r"""
+import sys
+import numpy as np
+import pyarrow as pa
+import polars as pl
+from mpi4py import MPI
+from hetflow import frame
+from hetflow.frame import _hash
+from frame_cases import same_rows
+import mpiutil
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+PL_HOW = {"inner": "inner", "left": "left", "right": "right", "outer": "full"}
+# every key's hash cut to 2 bits: most matched hash pairs are of different keys (the join must
+# drop them and keep a row whose candidates were all dropped once, null-extended)
+full_hash = _hash.hash_rows
+_hash.hash_rows = lambda xp, table, keys: full_hash(xp, table, keys) & np.uint64(3)
+# prefixes longer than one 8-byte word, lengths around word boundaries, empty and non-ASCII
+WORDS = ["", "a", "abcdefgh", "abcdefgi", "abcdefghX", "abcdefghY", "p" * 16 + "1",
+         "p" * 16 + "2", "p" * 17, "Ünïcode", "a\x00", "a\x00\x00"]
+failures, checked = [], 0
+
+def part(seed, r, typ, empty):
+    rng = np.random.default_rng([seed, r])
+    n = 0 if r in empty else int(rng.integers(5, 40))
+    keys = [WORDS[i] for i in rng.integers(0, len(WORDS), n)]
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+        keys = [k.encode() for k in keys]
+    return pa.table({"s": pa.array(keys, typ, mask=rng.random(n) < 0.15),
+                     "v": pa.array(rng.integers(-99, 99, n))})
+
+for i, typ in enumerate([pa.string(), pa.large_string(), pa.binary(), pa.large_binary()]):
+    for how in PL_HOW:
+        empty = (1,) if i == 1 else ()  # rank 1 (where there is one) holds nothing
+        L = [part(i, r, typ, empty) for r in range(size)]
+        R = [part(i + 50, r, typ, ()) for r in range(size)]
+        out = frame.join(frame.from_local(comm, L[rank]), frame.from_local(comm, R[rank]),
+                         on="s", how=how, suffixes=("", "_right"))
+        got = out.gather()
+        if rank == 0:
+            exp = pl.from_arrow(pa.concat_tables(L)).join(
+                pl.from_arrow(pa.concat_tables(R)), on="s", how=PL_HOW[how], coalesce=True,
+                suffix="_right").to_arrow()
+            problem = same_rows(got, exp)
+            if problem:
+                failures.append(f"{typ} how={how}: {problem}")
+            checked += 1
+mpiutil.report({"failures": failures, "checked": checked})
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_string_join_drops_hash_collisions(ranks):
+    """A string or binary key is matched by its 64-bit hash and the pairs' keys compared: with
+    the hash cut to 2 bits (almost every candidate pair a collision) the result is still
+    polars' for all four join types, null keys matching nothing, an empty rank included."""
+    run = run_mpi(COLLISION_SCRIPT, ranks, timeout=180)
+    reports = run.values(ranks)
+    assert reports[0]["checked"] == 4 * 4
+    assert reports[0]["failures"] == [], "\n".join(reports[0]["failures"][:10])
+
+
+def test_binary_keys_compare_equal_pair_by_pair():
+    """The collision check of the hashed string join: ``a[i] == b[j]`` for each pair, by words,
+    for values around 8-byte boundaries, shared long prefixes, nulls (never equal) and
+    sliced arrays, against Python's comparison."""
+    import numpy as np
+    import pyarrow as pa
+
+    from hetflow.frame import _localjoin
+
+    rng = np.random.default_rng(5)
+    words = ["", "a", "abcdefgh", "abcdefgi", "abcdefghX", "abcdefghY", "q" * 23 + "1",
+             "q" * 23 + "2", "q" * 24, "é", "a\x00"]
+    for typ in (pa.string(), pa.large_binary()):
+        values = [words[i] for i in rng.integers(0, len(words), 400)]
+        if typ == pa.large_binary():
+            values = [v.encode() for v in values]
+        mask = rng.random(400) < 0.1
+        a = pa.array(values, typ, mask=mask).slice(7)
+        b = pa.array(values[::-1], typ, mask=mask[::-1]).slice(3, 300)
+        ai = rng.integers(0, len(a), 5000).astype(np.int32)
+        bi = rng.integers(0, len(b), 5000).astype(np.int32)
+        la, lb = a.to_pylist(), b.to_pylist()
+        want = [la[i] is not None and la[i] == lb[j] for i, j in zip(ai, bi)]
+        got = _localjoin.binary_equal_at(a, ai, b, bi)
+        assert got.tolist() == want, typ
+        assert got.any() and not got.all()

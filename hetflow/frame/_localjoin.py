@@ -368,3 +368,74 @@ def _coalesced_key(left_key, right_key, li: np.ndarray, ri: np.ndarray) -> pa.Ar
     missing = np.flatnonzero(~has_left)
     out[missing] = gather(rv, ri[missing])
     return from_values(left_key.type, out)
+
+
+def binary_key_ok(lschema: pa.Schema, rschema: pa.Schema, lk, rk, how) -> bool:
+    """Whether the join can match on its key's 64-bit hash (:func:`match_by_hash`): one
+    string or binary key (nulls allowed), an equi-join that returns columns of both sides,
+    and no name clash between one side's key and the other's non-key columns."""
+    if len(lk) != 1 or how not in FAST_HOW:
+        return False
+    t = lschema.field(lk[0]).type
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t)):
+        return False
+    lnames, rnames = set(lschema.names), set(rschema.names)
+    return not ((rk[0] != lk[0]) and (rk[0] in lnames or lk[0] in rnames))
+
+
+def match_by_hash(left_hash: pa.Array, right_hash: pa.Array, left_key: pa.Array,
+                  right_key: pa.Array, how: str):
+    """Row-index pairs (left, right) of the join of two string/binary key arrays, given each
+    row's 64-bit hash of its key (:func:`hetflow.frame._hash.hash_rows`): the integer match of
+    the hashes, then the pairs whose keys differ (a hash collision) or are null (a null key
+    matches nothing) dropped; a row whose every candidate was dropped is then unmatched, kept
+    once where ``how`` keeps its side. -1 marks the missing side, as in :func:`match`."""
+    li, ri = match(left_hash, right_hash, "inner")
+    same = binary_equal_at(_single(left_key), li, _single(right_key), ri)
+    if not same.all():
+        li, ri = li[same], ri[same]
+    del same
+    return _with_unmatched(li, ri,
+                           _unmatched(len(left_hash), li) if how in _KEEPS_LEFT else None,
+                           _unmatched(len(right_hash), ri) if how in _KEEPS_RIGHT else None)
+
+
+def binary_equal_at(a: pa.Array, ai: np.ndarray, b: pa.Array, bi: np.ndarray) -> np.ndarray:
+    """``a[ai] == b[bi]`` pair by pair for two binary-like arrays, False where either is null,
+    without gathering the values: lengths compared, then the bytes 8 at a time (unaligned
+    little-endian words, the last one masked to the value's bytes), by slices of pairs."""
+    from hetflow.frame._hash import _KEEP_BYTES, _binary_parts
+
+    out = empty(len(ai), bool)
+    if not len(ai):
+        return out
+    sides = []
+    for arr in (a, b):
+        offsets, data = _binary_parts(arr)
+        padded = np.zeros(len(data) + 8, np.uint8)  # every value's last word readable whole
+        padded[:len(data)] = data
+        words = np.ndarray(shape=(len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))
+        valid = to_numpy(arr.is_valid()) if arr.null_count else None
+        sides.append((offsets, words, valid))
+    (ao, aw, av), (bo, bw, bv) = sides
+    for i in range(0, len(ai), _CHUNK):
+        x, y = ai[i:i + _CHUNK], bi[i:i + _CHUNK]
+        sa, sb = ao[x], bo[y]
+        length = ao[x + 1] - sa
+        same = length == (bo[y + 1] - sb)
+        if av is not None:
+            same &= av[x]
+        if bv is not None:
+            same &= bv[y]
+        rows = np.flatnonzero(same)
+        j = 0
+        while len(rows):
+            left = length[rows] - j
+            mask = _KEEP_BYTES[np.minimum(left, 8)]
+            differ = (aw[sa[rows] + j] ^ bw[sb[rows] + j]) & mask
+            same[rows[differ != 0]] = False
+            j += 8
+            rows = rows[(differ == 0) & (left > 8)]
+        out[i:i + _CHUNK] = same
+    return out
