@@ -9,6 +9,8 @@ Two formats:
 - plain value buffers, for null-free fixed-width columns (integers, floats, temporals): rows
   are gathered with ``np.take`` straight into the send buffer and received straight into the
   result column, zero-copy from there on;
+- fixed-width columns with nulls (on any rank) as two such buffers: the values, whatever a
+  null slot holds, and the validity as one byte a row;
 - otherwise an Arrow IPC stream per destination (Arrow's wire format: strings, booleans, nulls,
   anything), read back zero-copy from the receive buffer.
 mpi4py >= 4 switches to MPI-4 large-count calls when a count exceeds 2**31 - 1, so a rank may
@@ -24,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 from hetflow.frame._arrays import (_raw_width, _single, arrow_of, destination_dtype, empty,
-                                   from_values, plain_values, take_into)
+                                   from_values, plain_values, take_into, to_numpy)
 from hetflow.frame._backend import libc_function
 from hetflow.frame._phases import phase
 
@@ -240,10 +242,13 @@ class RowExchange:
         """Exchange one column of the partition the routing was built for (collective): an
         array, or the name or index of a column of the ``table`` given at construction."""
         with phase("pack"):
-            known = False
+            known = nullable_fixed = False
             if isinstance(col, (str, int)):
                 i = self._index(col)
                 known = self.size > 1 and self.plain_everywhere[i]
+                # fixed-width with nulls on some rank (the type is the same on every rank)
+                nullable_fixed = (self.size > 1 and not known and
+                                  _raw_width(self.table.schema.field(i).type) is not None)
                 col = self.table.column(i)
             arr = _single(col)
             if self.size == 1:
@@ -254,6 +259,8 @@ class RowExchange:
             values = plain_values(arr)
             if known:
                 return self._plain(arr.type, values)
+            if nullable_fixed:
+                return self._with_validity(arr)
             return self._column(arr, values)
 
     def _pack_plain(self, values: np.ndarray) -> np.ndarray:
@@ -269,10 +276,30 @@ class RowExchange:
                 pos += len(idx)
         return send
 
+    def _with_validity(self, arr: pa.Array) -> pa.Array:
+        """A fixed-width column with nulls on some rank: its value buffer (whatever a null
+        slot holds) and its validity as one byte a row, each moved as a plain column, instead
+        of Arrow IPC streams (a take per destination, the stream's copy, a take of the own rows
+        and a concatenation)."""
+        w = _raw_width(arr.type)
+        if len(arr):
+            values = np.frombuffer(arr.buffers()[1], np.dtype(f"u{w}"), count=len(arr),
+                                   offset=arr.offset * w)
+        else:
+            values = np.empty(0, np.dtype(f"u{w}"))
+        valid = (to_numpy(arr.is_valid()) if arr.null_count else np.ones(len(arr), bool))
+        got = self._plain_values(values)
+        got_valid = self._plain_values(valid.view(np.uint8)).view(bool)
+        return from_values(arr.type, got, got_valid)
+
     def _plain(self, t, values: np.ndarray) -> pa.Array:
-        """A column plain on every rank: its values are gathered into one send buffer and
-        received straight into the result column (one contiguous buffer, zero-copy into
-        Arrow); this rank's own rows are copied into their slot while the transfer runs."""
+        """A column plain on every rank (see :meth:`_plain_values`), as an Arrow array."""
+        return from_values(t, self._plain_values(values))
+
+    def _plain_values(self, values: np.ndarray) -> np.ndarray:
+        """Plain values of every rank's routed rows: gathered into one send buffer and
+        received straight into the result (one contiguous buffer, zero-copy into Arrow);
+        this rank's own rows are copied into their slot while the transfer runs."""
         w = values.dtype.itemsize
         send_rows = self.send_rows
         send_rows[self.rank] = 0
@@ -292,7 +319,7 @@ class RowExchange:
             take_into(values, own, out[lo:lo + len(own)])
         wait_all([req])
         del send
-        return from_values(t, out)
+        return out
 
     def _column(self, arr, values) -> pa.Array:
         size, rank = self.size, self.rank

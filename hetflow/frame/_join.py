@@ -3,7 +3,8 @@ the right side is small, that side sent to every rank (:mod:`hetflow.frame._broa
 
 One null-free integer key takes the streamed path (:func:`_join_streamed`: only the keys
 move before the match, each payload column when the output gathers it), partitioned by
-``key mod P`` where that spreads both sides evenly (:mod:`hetflow.frame._hash`); other keys
+``key mod P`` where that spreads both sides evenly (:mod:`hetflow.frame._hash`); one string
+or binary key takes it too, through its 64-bit hash (:func:`_join_by_hash`); other keys
 shuffle both whole sides, then :func:`hetflow.frame._localjoin.join`.
 """
 from __future__ import annotations

@@ -7,8 +7,9 @@ range is wide (:func:`_match_hashed`, the pairs of different keys in a bucket th
 each left row reads its run of right rows there, and the output index pairs are expanded;
 NumPy then gathers the columns. A heavy key sharing its bucket with others goes to a sort-merge
 of both sides (:func:`_match_sorted`). On one core this is several times faster than Arrow's
-hash join. Every other case (floats, strings, several keys, nulls in the key) runs
-Arrow's hash join (``Table.join``). Both give the same rows, columns and names: the left
+hash join. One string or binary key is matched the same way through its 64-bit hash, the
+matched pairs' keys then compared (:func:`match_by_hash`). Every other case (floats, several
+keys, nulls in an integer key) runs Arrow's hash join (``Table.join``). Both give the same rows, columns and names: the left
 columns, then the right non-key columns, colliding names suffixed, keys coalesced under the
 left names; row order is unspecified.
 """
