@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     from mpi4py import MPI
 
     from hetflow import resident
-    from hetflow.executors._rank import forget_mpi_shm_names, run_on_rank
+    from hetflow.executors._rank import forget_mpi_shm_names, release_comm, run_on_rank
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -175,8 +175,9 @@ def main(argv=None) -> int:
             outcome = run_on_rank(frames[2], comm)
         finally:
             resident._leave_task()
-        if not cache and comm is not MPI.COMM_SELF:
-            comm.Free()
+        if comm is not MPI.COMM_SELF and (not cache or not outcome.ok):
+            comms.pop(ranks, None)
+            release_comm(comm, failed=not outcome.ok)
         copy = len(outcome.value) < wire.ZERO_COPY_BYTES
         sock.send_multipart(signer.sign(wire.TO_POOL, identity,
                                         wire.outcome_frames(task_id, outcome)), copy=copy)

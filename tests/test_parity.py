@@ -13,6 +13,7 @@ import pytest
 
 import hetflow
 from bounds import RECOVERY_S
+from meet import meet
 
 # On radical a test's first task may wait for a new RAPTOR worker (see RECOVERY_S).
 pytestmark = pytest.mark.timeout(RECOVERY_S + 120)
@@ -32,19 +33,7 @@ def who(comm, tag):
 @hetflow.mpi_app(ranks=1, returns="all")
 def rendezvous(comm, mine, theirs, timeout=60.0):
     """Touch ``mine``, wait for ``theirs``: both tasks were running at the same time."""
-    if comm.Get_rank() == 0:
-        open(mine, "w").close()
-        deadline = time.time() + timeout
-        while not os.path.exists(theirs):
-            if time.time() > deadline:
-                met = False
-                break
-            time.sleep(0.01)
-        else:
-            met = True
-    else:
-        met = None
-    met = comm.bcast(met, root=0)
+    met = meet(comm, mine, theirs, timeout)
     return (comm.Get_rank(), comm.Get_size(), met)
 
 
