@@ -15,10 +15,11 @@ from hetflow.errors import ConfigError, HetflowError
 #: How long torch waits in a collective or in the rendezvous before it raises. A task's
 #: walltime, when it has one, ends it sooner.
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
-#: How long a Gloo group's construction and its membership check wait for a peer, at most
-#: (``timeout`` when shorter; ``timeout`` applies after). The ranks meet over MPI just
-#: before each step, so a real peer answers within milliseconds; a stranger who took a
-#: peer's connection while the group was built may stay silent, and nothing else ends that.
+#: How long a Gloo group's construction (its store included) and its membership check wait
+#: for a peer (``timeout`` when shorter; ``timeout`` applies after; Gloo waits five times
+#: this for a peer's first connection). The ranks meet over MPI just before each step, so a
+#: real peer answers within milliseconds; a stranger who took a peer's connection while the
+#: group was built may stay silent, and nothing else ends that.
 BUILD_TIMEOUT = datetime.timedelta(seconds=30)
 
 
@@ -175,8 +176,8 @@ def process_group(comm=None, backend: str | None = None, *,
         raise
     from hetflow.torch._store import MPIStore
 
-    store = MPIStore(own, timeout)
     building = min(timeout, BUILD_TIMEOUT) if chosen == "gloo" else timeout
+    store = MPIStore(own, building)
     completed = False
     try:
         try:
@@ -195,6 +196,7 @@ def process_group(comm=None, backend: str | None = None, *,
             _verify_members(own, group)
             if building != timeout:
                 dist.distributed_c10d._set_pg_timeout(timeout)
+                store.set_timeout(timeout)
             _active.append(group)
             try:
                 yield group
