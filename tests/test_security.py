@@ -18,6 +18,10 @@ radical's owner-only check runs on the tests' shared pilot, ``conftest.SharedRun
   third-party and unauthenticated: they survive all of the above on this build
   (the test attacks them too), but nothing stops a peer who speaks their
   protocols (see docs/security.md).
+- a training stage's ports (mpirun's case: the code is hetflow.torch's on every runtime):
+  the rogue attacks Gloo's listeners once the group is up, and ``gloo_rogue.py`` attacks
+  them while the group is built (taking a peer's place in held groups, racing in others):
+  no code runs, every rank gets the right result or IntruderError, within the walltime;
 - every file and dir under the runtime's run dir is owner-only, while a task runs
   and after;
 - the pool drops unsigned messages (counted, logged once) and treats a signed but
