@@ -144,7 +144,7 @@ def main(argv=None) -> int:
         "supervisor": os.getppid(), "host": socket.gethostname(),
         "devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")})))
 
-    comms = {}   # world ranks (ordered) -> communicator; cache policy decided by the client
+    comms = {}   # (world ranks, generation) -> communicator; the client decides what is cached
     while True:
         message = sock.recv_multipart(copy=False)
         frames = signer.check(wire.TO_RANK, identity, [f.buffer for f in message])
@@ -158,8 +158,9 @@ def main(argv=None) -> int:
             continue
         if kind != wire.TASK:
             continue
-        task_id, ranks, slots, cache, cores_per_rank = wire.read_task_header(bytes(frames[1]))
-        comm = comms.get(ranks)
+        task_id, ranks, slots, cache, generation, cores_per_rank = \
+            wire.read_task_header(bytes(frames[1]))
+        comm = comms.get((ranks, generation))
         if comm is None:
             if len(ranks) == 1:
                 comm = MPI.COMM_SELF
@@ -168,16 +169,17 @@ def main(argv=None) -> int:
                 comm = world.Create_group(group)
                 group.Free()
             if cache:
-                comms[ranks] = comm
+                comms[ranks, generation] = comm
         os.environ["OMP_NUM_THREADS"] = str(cores_per_rank)
         resident._enter_task(task_id, slots, slots[ranks.index(rank)], comm)
         try:
             outcome = run_on_rank(frames[2], comm)
         finally:
             resident._leave_task()
-        if comm is not MPI.COMM_SELF and (not cache or not outcome.ok):
-            comms.pop(ranks, None)
+        if not cache and comm is not MPI.COMM_SELF:
             release_comm(comm, failed=not outcome.ok)
+        # (a cached one of a failed task stays where it is: the pool moves the ranks'
+        # generation on, so it is never used again, nor freed)
         copy = len(outcome.value) < wire.ZERO_COPY_BYTES
         sock.send_multipart(signer.sign(wire.TO_POOL, identity,
                                         wire.outcome_frames(task_id, outcome)), copy=copy)

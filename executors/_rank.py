@@ -308,8 +308,8 @@ def release_comm(comm, failed: bool) -> None:
     context id is reused by the next one created: Open MPI 4.1.4 then matched the stale
     message in the next task's first collective, which never completed (measured: a
     2-rank task whose rank 1 raised while rank 0 waited in ``Barrier``, then a 3-rank
-    task on the same ranks). A persistent rank (pool, RAPTOR) keeps one or two per
-    failed task."""
+    task on the same ranks). A persistent rank (pool, RAPTOR) keeps one or two per failed
+    task."""
     if failed:
         _QUARANTINED.append(comm)
         return
