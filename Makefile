@@ -44,7 +44,7 @@ test: test-main
 # itself is always rebuilt (uv would reuse a cached build of this directory). The remapped
 # hetflow.executors package must import both ways: test-openmpi runs on an editable install.
 test-main: $(UV)
-	$(UV) pip install -q --python $(PY) --find-links $(WHEELS) '$(TORCH_CPU)'
+	$(UV) pip install -q --compile-bytecode --python $(PY) --find-links $(WHEELS) '$(TORCH_CPU)'
 	$(UV) pip install -q --compile-bytecode --reinstall-package hetflow --python $(PY) '.[test]'
 	$(PY) -c "import torch; print('torch', torch.__version__)"
 	cd tests && ../$(PY) -c "import hetflow.executors.mpirun as m; assert 'site-packages' in m.__file__, m.__file__"

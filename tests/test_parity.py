@@ -208,7 +208,7 @@ def _slurm_gpu_tasks(executor):
         (got_a,), (got_b,), (got_cpu,), (got_late,) = (f.result() for f in (a, b, cpu, late))
         assert got_a[2] and got_b[2] and got_cpu[2]          # they overlapped
         assert got_a[0] == got_b[0] == "0,1" and got_a[3] != got_b[3]
-        assert got_cpu[0] is None                             # Slurm binds it none
+        assert got_cpu[0] == ""                               # a CPU task sees no GPU
         assert got_late[1] and got_late[0] == "0,1"           # it started after one ended
         # two ranks of one task: one device each, as Slurm binds them (per task)
         both = devices_while_met.options(ranks=2, gpus_per_rank=1)(tmp, "e").result()
