@@ -144,17 +144,20 @@ def read_register(frame: bytes) -> dict:
 
 
 def task_frames(task_id: int, ranks: Tuple[int, ...], slots: Tuple[int, ...], cache: bool,
-                cores_per_rank: int, payload: bytes) -> list:
+                generation: int, cores_per_rank: int, payload: bytes) -> list:
     """A task for the ranks ``ranks`` of a world (pool ``slots``, in task-rank order).
 
-    ``cache``: the ranks keep the communicator over ``ranks`` for later tasks.
+    ``cache``: the ranks keep the communicator over ``ranks`` for later tasks, under
+    ``(ranks, generation)``; a task failed on those ranks moves their generation on, so
+    every one of them creates a new communicator at once (see ``_rank.release_comm``).
     """
-    return [TASK, pickle.dumps((task_id, tuple(ranks), tuple(slots), cache, cores_per_rank)),
-            payload]
+    return [TASK, pickle.dumps((task_id, tuple(ranks), tuple(slots), cache, generation,
+                                cores_per_rank)), payload]
 
 
-def read_task_header(frame: bytes) -> Tuple[int, tuple, tuple, bool, int]:
-    """``(task_id, ranks, slots, cache, cores_per_rank)`` from a :data:`TASK` header frame."""
+def read_task_header(frame: bytes) -> Tuple[int, tuple, tuple, bool, int, int]:
+    """``(task_id, ranks, slots, cache, generation, cores_per_rank)`` from a :data:`TASK`
+    header frame."""
     return pickle.loads(frame)
 
 

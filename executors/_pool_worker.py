@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     from mpi4py import MPI
 
     from hetflow import resident
-    from hetflow.executors._rank import forget_mpi_shm_names, run_on_rank
+    from hetflow.executors._rank import forget_mpi_shm_names, release_comm, run_on_rank
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
         "supervisor": os.getppid(), "host": socket.gethostname(),
         "devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")})))
 
-    comms = {}   # world ranks (ordered) -> communicator; cache policy decided by the client
+    comms = {}   # (world ranks, generation) -> communicator; the client decides what is cached
     while True:
         message = sock.recv_multipart(copy=False)
         frames = signer.check(wire.TO_RANK, identity, [f.buffer for f in message])
@@ -158,8 +158,9 @@ def main(argv=None) -> int:
             continue
         if kind != wire.TASK:
             continue
-        task_id, ranks, slots, cache, cores_per_rank = wire.read_task_header(bytes(frames[1]))
-        comm = comms.get(ranks)
+        task_id, ranks, slots, cache, generation, cores_per_rank = \
+            wire.read_task_header(bytes(frames[1]))
+        comm = comms.get((ranks, generation))
         if comm is None:
             if len(ranks) == 1:
                 comm = MPI.COMM_SELF
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
                 comm = world.Create_group(group)
                 group.Free()
             if cache:
-                comms[ranks] = comm
+                comms[ranks, generation] = comm
         os.environ["OMP_NUM_THREADS"] = str(cores_per_rank)
         resident._enter_task(task_id, slots, slots[ranks.index(rank)], comm)
         try:
@@ -176,7 +177,9 @@ def main(argv=None) -> int:
         finally:
             resident._leave_task()
         if not cache and comm is not MPI.COMM_SELF:
-            comm.Free()
+            release_comm(comm, failed=not outcome.ok)
+        # (a cached one of a failed task stays where it is: the pool moves the ranks'
+        # generation on, so it is never used again, nor freed)
         copy = len(outcome.value) < wire.ZERO_COPY_BYTES
         sock.send_multipart(signer.sign(wire.TO_POOL, identity,
                                         wire.outcome_frames(task_id, outcome)), copy=copy)

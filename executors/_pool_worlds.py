@@ -80,6 +80,7 @@ class World:
     retiring: bool = False
     going_down: Optional[float] = None   # when a rank was first seen taken down (teardown)
     comm_keys: set = field(default_factory=set)
+    comm_generation: Dict[tuple, int] = field(default_factory=dict)   # ranks -> after failures
     cores: List[int] = field(default_factory=list)   # core index by world rank (pinning)
 
     @property

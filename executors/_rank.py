@@ -227,6 +227,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
         arrive(comm)
         user_comm = comm.Dup()
         own_umask = user_umask()
+        failed = True
         try:
             started = time.time()
             args, kwargs = payload.args, payload.kwargs
@@ -241,6 +242,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
 
                 if tables.is_table(value):   # its partition, kept or written: the client assembles
                     value = tables.hand_over(value, comm, payload.tables, payload.task_id)
+            failed = False
         except BaseException as exc:  # SystemExit on a rank is a task failure too
             outcome = _error_outcome(rank, exc, started, time.time())
             if keep_exception:
@@ -248,10 +250,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
             return outcome
         finally:
             os.umask(own_umask)
-            try:
-                user_comm.Free()
-            except Exception:
-                pass
+            release_comm(user_comm, failed)
     try:
         value_bytes = dumps(value)
     except Exception as exc:
@@ -296,6 +295,28 @@ def _capture(files, rank: int):
 #: then sleeps from the first to the longest.
 _ARRIVE_POLLS = 200
 _ARRIVE_FIRST_SLEEP, _ARRIVE_MAX_SLEEP = 1e-4, 5e-3
+
+
+#: Communicators of failed tasks, never freed (see :func:`release_comm`).
+_QUARANTINED: list = []
+
+
+def release_comm(comm, failed: bool) -> None:
+    """Free a task's communicator, unless its task failed on this rank: then keep it for
+    the life of the process. A peer may have sent on it what this rank never received (a
+    rank that raised while its peer entered a collective), and a freed communicator's
+    context id is reused by the next one created: Open MPI 4.1.4 then matched the stale
+    message in the next task's first collective, which never completed (measured: a
+    2-rank task whose rank 1 raised while rank 0 waited in ``Barrier``, then a 3-rank
+    task on the same ranks). A persistent rank (pool, RAPTOR) keeps one or two per failed
+    task."""
+    if failed:
+        _QUARANTINED.append(comm)
+        return
+    try:
+        comm.Free()
+    except Exception:   # best effort: the task's result is what matters
+        pass
 
 
 def arrive(comm) -> None:

@@ -521,6 +521,7 @@ class PoolExecutor(Executor):
         if cache:
             world.comm_keys.add(ranks)
         frames = wire.task_frames(task.id, ranks, tuple(task.slots), cache,
+                                  world.comm_generation.get(ranks, 0),
                                   task.resources.cores_per_rank, task.payload)
         copy = len(task.payload) < wire.ZERO_COPY_BYTES
         task.handle.outcomes = {}
@@ -541,6 +542,8 @@ class PoolExecutor(Executor):
         task = self._tasks.get(task_id)
         if slot.task == task_id and task is not None:
             slot.task = None
+            if not outcome.ok:              # before the slot is free for another task
+                self._retire_comm(task)
             self._free([slot.id])
             run: _Run = task.handle
             outcome.rank = task.slots.index(slot.id)
@@ -555,6 +558,15 @@ class PoolExecutor(Executor):
                 run.peer_grace = self.call_later(
                     PEER_GRACE_S, lambda: self._post(("peers", task)))
         self._try_finish_consolidation()
+
+    def _retire_comm(self, task: Task) -> None:
+        """A rank failed the task: its ranks never use that task's communicator again (a
+        peer's unreceived message may wait on it), each creating a new one next time."""
+        slots = [self._mpi.slots[s] for s in task.slots]
+        world = self._mpi.worlds.get(slots[0].world)
+        if world is not None:
+            ranks = tuple(s.wrank for s in slots)
+            world.comm_generation[ranks] = world.comm_generation.get(ranks, 0) + 1
 
     def _deliver(self, task: Task, deaths=None, lost: str = "") -> None:
         """Deliver the task's result from its ranks' outcomes (``lost``: the ranks it lost)."""

@@ -152,7 +152,12 @@ class SlurmExecutor(Executor):
         return 0          # Slurm queues the job until its GPUs are free
 
     def rank_resources(self, task: Task) -> dict:
-        return {**super().rank_resources(task), "devices": None}   # Slurm's binding stays
+        # A GPU task keeps Slurm's binding; a CPU task sees none ("", as on every runtime):
+        # Slurm leaves CUDA_VISIBLE_DEVICES unset for a job without GPUs, and on a node
+        # whose devices are not constrained (cgroups' ConstrainDevices) it could use them
+        # all, and hetflow.torch would pick NCCL on another task's GPU.
+        gpus = task.resources.gpus_per_rank
+        return {**super().rank_resources(task), "devices": None if gpus else []}
 
     # ------------------------------------------------------------------ the job
     def _script(self, task: Task, taskdir: TaskDir) -> str:

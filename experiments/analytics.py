@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from hetflow.experiments.bench_engine import peak_rss_mib, reset_peak, rss_mib
+
 #: Rows generated per seeded block: any process builds any row range of the same table.
 BLOCK = 1 << 18
 SEED = 36
@@ -222,26 +224,6 @@ def compare(reference, other, query: Query) -> Optional[str]:
 
 
 # --------------------------------------------------------------------------- memory
-def _vm(field: str) -> float:
-    """A ``/proc/self/status`` memory field in MiB (0 where there is none)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return 0.0
-
-
-def _reset_peak() -> bool:
-    """Reset this process's peak resident set to its current one (Linux >= 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def _timed(run, repeats: int, barrier=None):
@@ -252,15 +234,15 @@ def _timed(run, repeats: int, barrier=None):
         if barrier:
             barrier()
         if i == 0:
-            _reset_peak()
-            before = _vm("VmRSS")
+            reset_peak()
+            before = rss_mib()
         t0 = time.perf_counter()
         out = run()
         if barrier:
             barrier()
         times.append(time.perf_counter() - t0)
         if i == 0:
-            peak = _vm("VmHWM")
+            peak = peak_rss_mib()
     return statistics.median(times), peak, before, out
 
 

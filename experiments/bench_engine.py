@@ -34,14 +34,14 @@ SEEDS = {"left": 1, "right": 2}
 _SELF = os.path.abspath(__file__)
 
 
-def _rss_mib() -> float:
+def rss_mib() -> float:
     """Current resident set size (MiB)."""
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _peak_rss_mib() -> float:
-    """Peak RSS since the last :func:`_reset_peak` (Linux VmHWM), else since process start."""
+def peak_rss_mib() -> float:
+    """Peak RSS since the last :func:`reset_peak` (Linux VmHWM), else since process start."""
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
@@ -52,7 +52,7 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def _reset_peak() -> bool:
+def reset_peak() -> bool:
     """Restart the peak-RSS count (Linux >= 4.0: writing 5 to clear_refs resets VmHWM)."""
     try:
         with open("/proc/self/clear_refs", "w") as fh:
@@ -107,14 +107,14 @@ def worker(args) -> None:
     tiny = frame.generate(comm, 1000, unique=args.unique, seed=99)
     warm = frame.join(tiny, tiny, on="key") if args.op == "join" else frame.sort(tiny, "key")
     del tiny, warm
-    base_rss = _rss_mib()
+    base_rss = rss_mib()
     per_rank = args.rows // size
     left = frame.generate(comm, per_rank, unique=args.unique, seed=SEEDS["left"])
     tables = [left]
     if args.op == "join":
         tables.append(frame.generate(comm, per_rank, unique=args.unique, seed=SEEDS["right"]))
     part_mib = sum(t.local.nbytes for t in tables) / 2**20
-    data_rss = _rss_mib()
+    data_rss = rss_mib()
     times, cpu, rows, backend, phases = [], [], 0, "", []
     system, faults = [], []  # the kernel's share of the CPU seconds, and fresh pages touched
     cylon = None
@@ -123,7 +123,7 @@ def worker(args) -> None:
     if args.phases and cylon is None:
         from hetflow.frame import _phases
         _phases.enable()
-    reset = _reset_peak()  # the peak counts the operations only, not building the input
+    reset = reset_peak()  # the peak counts the operations only, not building the input
     peak = 0.0
     for _ in range(args.repeats):
         _barrier(comm)
@@ -148,7 +148,7 @@ def worker(args) -> None:
                 phases.append(_phases.take())  # before num_rows: its allreduce is not the op's
             rows, backend = out.num_rows(), out.backend
         del out
-        peak = max(peak, _peak_rss_mib())
+        peak = max(peak, peak_rss_mib())
     if cylon is not None:
         cylon.finalize()    # Cylon's context; MPI stays up (Cylon did not initialize it)
     comm_times = comm.allgather(times)

@@ -79,10 +79,12 @@ def _torchrun_worker(out: str, steps: int, submitted: float) -> None:
     if dist.get_rank() == 0:
         with open(out, "w") as fh:
             json.dump(got, fh)
-    # every rank done before any destroys its group (a rank 1 that left first was seen to
-    # abort in torch's teardown: "terminate called without an active exception")
+    # every rank done, then out without torch's teardown: a rank leaving through
+    # destroy_process_group and the interpreter's exit was seen to abort ("terminate called
+    # without an active exception"), after the barrier too, failing the whole comparison
     dist.barrier()
-    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def torchrun_ddp(steps: int) -> dict:

@@ -13,6 +13,7 @@ import pytest
 
 import hetflow
 from bounds import RECOVERY_S
+from meet import meet
 
 # On radical a test's first task may wait for a new RAPTOR worker (see RECOVERY_S).
 pytestmark = pytest.mark.timeout(RECOVERY_S + 120)
@@ -32,19 +33,7 @@ def who(comm, tag):
 @hetflow.mpi_app(ranks=1, returns="all")
 def rendezvous(comm, mine, theirs, timeout=60.0):
     """Touch ``mine``, wait for ``theirs``: both tasks were running at the same time."""
-    if comm.Get_rank() == 0:
-        open(mine, "w").close()
-        deadline = time.time() + timeout
-        while not os.path.exists(theirs):
-            if time.time() > deadline:
-                met = False
-                break
-            time.sleep(0.01)
-        else:
-            met = True
-    else:
-        met = None
-    met = comm.bcast(met, root=0)
+    met = meet(comm, mine, theirs, timeout)
     return (comm.Get_rank(), comm.Get_size(), met)
 
 
@@ -219,7 +208,7 @@ def _slurm_gpu_tasks(executor):
         (got_a,), (got_b,), (got_cpu,), (got_late,) = (f.result() for f in (a, b, cpu, late))
         assert got_a[2] and got_b[2] and got_cpu[2]          # they overlapped
         assert got_a[0] == got_b[0] == "0,1" and got_a[3] != got_b[3]
-        assert got_cpu[0] is None                             # Slurm binds it none
+        assert got_cpu[0] == ""                               # a CPU task sees no GPU
         assert got_late[1] and got_late[0] == "0,1"           # it started after one ended
         # two ranks of one task: one device each, as Slurm binds them (per task)
         both = devices_while_met.options(ranks=2, gpus_per_rank=1)(tmp, "e").result()

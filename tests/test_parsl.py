@@ -16,6 +16,7 @@ import hetflow
 from hetflow.executors._parsl_worker import LAUNCHER_FILE
 from hetflow.executors.parsl_htex import ParslMPIExecutor, parsl_resource_spec
 from hetflow.spec import Resources
+from meet import meet
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -23,14 +24,7 @@ pytestmark = pytest.mark.timeout(240)
 @hetflow.mpi_app(ranks=2, returns="all")
 def rendezvous(comm, mine, theirs, timeout=60.0):
     """Rank 0 touches ``mine`` and waits for ``theirs``: both tasks ran at once."""
-    met = None
-    if comm.Get_rank() == 0:
-        open(mine, "w").close()
-        deadline = time.time() + timeout
-        while not os.path.exists(theirs) and time.time() < deadline:
-            time.sleep(0.01)
-        met = os.path.exists(theirs)
-    return comm.bcast(met, root=0)
+    return meet(comm, mine, theirs, timeout)
 
 
 @hetflow.mpi_app(ranks=2)

@@ -438,3 +438,34 @@ def test_idle_pool_does_not_busy_wait():
         # CPU seconds, not wall time: an idle rank or broker blocks; 2 s of spinning is ~2 s.
         assert all(b - a < 0.3 for a, b in zip(before, after)), list(zip(before, after))
         assert broker.user_time + broker.system_time - broker_before < 0.3
+
+
+@hetflow.mpi_app(ranks=2)
+def sends_then_raises(comm):
+    """Rank 1 sends rank 0 a message it never receives, then raises; rank 0 returns."""
+    if comm.Get_rank() == 1:
+        comm.send("stale", dest=0, tag=5)
+        raise ValueError("rank 1 gives up")
+    return "returned"
+
+
+@hetflow.mpi_app(ranks=2)
+def fresh_message(comm):
+    if comm.Get_rank() == 1:
+        comm.send("fresh", dest=0, tag=5)
+    got = comm.recv(source=1, tag=5) if comm.Get_rank() == 0 else None
+    return got, comm.allreduce(1)
+
+
+def test_a_failed_tasks_unreceived_message_never_reaches_the_next_task():
+    # Both ranks cache the pair's communicator. Rank 1 keeps the failed task's communicators
+    # (release_comm) and the pool moves the pair to a new generation, so both ranks create
+    # the next task's communicator together (had only rank 1 dropped its cached one, it
+    # would wait in Create_group for a rank 0 that reused its own). With MPICH 5 and Open
+    # MPI 4.1.4 the stale point-to-point message was not matched even without the fix;
+    # tests/test_rank_comms.py has the collective case that was.
+    with pool(max_ranks=2):
+        for _ in range(3):
+            with pytest.raises(hetflow.TaskFailed, match="rank 1 gives up"):
+                sends_then_raises().result()
+            assert fresh_message().result() == ("fresh", 2)

@@ -18,6 +18,10 @@ radical's owner-only check runs on the tests' shared pilot, ``conftest.SharedRun
   third-party and unauthenticated: they survive all of the above on this build
   (the test attacks them too), but nothing stops a peer who speaks their
   protocols (see docs/security.md).
+- a training stage's ports (mpirun's case: the code is hetflow.torch's on every runtime):
+  the rogue attacks Gloo's listeners once the group is up, and ``gloo_rogue.py`` attacks
+  them while the group is built (taking a peer's place in held groups, racing in others):
+  no code runs, every rank gets the right result or IntruderError, within the walltime;
 - every file and dir under the runtime's run dir is owner-only, while a task runs
   and after;
 - the pool drops unsigned messages (counted, logged once) and treats a signed but
@@ -535,3 +539,110 @@ def test_rogue_process_cannot_join_or_disturb_training(loaded, tmp_path):
     assert rank_sum.options(ranks=2)(1).result(timeout=300) == 3
     print(f"\n{name}: attacked {len(targets)} port(s) of a training stage (on loopback, Gloo's and Hydra's: "
           f"{sorted(gloo)})\n{rogue.stdout}")
+
+
+@hetflow.mpi_app(ranks=2, walltime=120, returns="all")
+def training_built_under_attack(comm, pids, gates, races):
+    """Builds a Gloo group once per path in ``gates``, each rank held after its listener is
+    up and before it connects until that file exists (the window a stranger has, held open
+    by the test), then ``races`` groups unheld; one all-reduce in each. First writes the
+    ranks' pids to ``pids`` (owner-only) and waits for the rogue's ``pids.seen``. Returns
+    this rank's outcome per group: the sum, or the name of the hetflow error raised."""
+    import datetime
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    import hetflow.torch as ht
+    from hetflow.torch import _store
+
+    every = comm.gather(os.getpid(), root=0)
+    if comm.Get_rank() == 0:
+        with os.fdopen(os.open(pids + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
+                       "w") as fh:
+            json.dump(every, fh)
+        os.replace(pids + ".tmp", pids)
+        while not os.path.exists(pids + ".seen"):
+            time.sleep(0.01)
+    comm.Barrier()
+    gate = [None]
+
+    def held(method):
+        # Gloo asks the store for its peers' addresses once its own listener is up and
+        # before it connects: the test holds each rank there (the fault injected from the
+        # test's side; hetflow's path is the user's).
+        def call(self, *args):
+            if gate[0] is not None:
+                while not os.path.exists(gate[0]):
+                    time.sleep(0.001)
+                gate[0] = None
+            return method(self, *args)
+        return call
+
+    real = _store.MPIStore.get, _store.MPIStore.wait
+    _store.MPIStore.get, _store.MPIStore.wait = held(real[0]), held(real[1])
+    outcomes = []
+    try:
+        for path in [*gates, *[None] * races]:
+            gate[0] = path
+            try:
+                with ht.process_group(timeout=datetime.timedelta(seconds=5)) as group:
+                    total = torch.tensor([float(group.rank + 1)])
+                    dist.all_reduce(total)
+                    outcomes.append(total.item())
+            except hetflow.HetflowError as exc:
+                outcomes.append(type(exc).__name__)
+    finally:
+        _store.MPIStore.get, _store.MPIStore.wait = real
+    return outcomes
+
+
+def test_rogue_process_cannot_join_a_training_group_being_built(loaded, tmp_path):
+    """A rogue watching the ranks' pids connects to each Gloo listener the moment it appears
+    (``gloo_rogue.py``: a pickle, junk, Gloo's pair handshake, silent connections). In three
+    groups the test holds the ranks until the rogue's handshakes are read, so the rogue takes
+    a peer's place (seen: a rank sent it data); it echoes that rank's frames back, stays
+    silent, or answers with a frame claiming 1 TiB. Every rank raises IntruderError in each
+    (the silent and forged ones after the 5 s construction timeout, not the task's walltime).
+    In three unheld groups the rogue races the real peers: every rank gets the sum, or
+    IntruderError where the rogue was paired. No code runs, the task ends within its
+    walltime, and the runtime's next task succeeds."""
+    name, dfk, executor, root = loaded
+    if name != "mpirun":
+        pytest.skip("Gloo's ports are hetflow.torch's, the same on every runtime: mpirun's case")
+    import importlib.util
+    import json
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (the torch extra)")
+    pids, report = str(tmp_path / "pids"), str(tmp_path / "report")
+    modes = ["echo", "silent", "forge"]
+    gates = [str(tmp_path / mode) for mode in modes]
+    rogue = subprocess.Popen([sys.executable, os.path.join(HERE, "gloo_rogue.py"), pids, report,
+                              *(f"{mode}:{gate}" for mode, gate in zip(modes, gates))],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        ranks = training_built_under_attack(pids, gates, 3).result(timeout=300)
+    finally:
+        _, err = rogue.communicate("", timeout=60)      # its input closed: it stops
+    assert rogue.returncode == 0, err
+    assert stat.S_IMODE(os.stat(pids).st_mode) == 0o600
+    with open(report) as fh:
+        attacks = json.load(fh)
+    groups = list(zip(*ranks))                          # per group: every rank's outcome
+    print(f"\nper group, every rank's outcome: {groups}\nrogue: {attacks}")
+    for held, mode in enumerate(modes):
+        # one listener per rank and group on this build; the pair's passive side took the
+        # rogue's connection for the number it waited for, and sent the rogue data
+        ports = attacks[2 * held:2 * held + 2]
+        assert sorted(bool(a["paired"]) for a in ports) == [False, True], (mode, ports)
+        assert groups[held] == ("IntruderError", "IntruderError"), (mode, groups)
+    raced = groups[len(gates):]
+    assert all(o in ((3.0, 3.0), ("IntruderError", "IntruderError")) for o in raced), groups
+    # a group fails only where the rogue won the race
+    won = sum(bool(a["paired"]) for a in attacks[2 * len(gates):])
+    assert raced.count(("IntruderError", "IntruderError")) <= won, (groups, attacks)
+    assert not os.path.exists(report + ".marker"), "a rogue pickle was unpickled"
+    assert rank_sum.options(ranks=2)(1).result(timeout=300) == 3

@@ -139,14 +139,27 @@ with ht.process_group(comm, backend="gloo") as group:
     t = torch.ones(3)
     dist.all_reduce(t)
     got["again"] = t.tolist()
+# Gloo fails to build the group on rank 2 (its store, failing once, before it publishes
+# its address): the others' wait for it ends at the timeout, and every rank says so
+import datetime
+from hetflow.torch._store import MPIStore
+real_set = MPIStore.set
+def failing_set(self, key, value):
+    MPIStore.set = real_set
+    raise dist.DistStoreError("injected by the test")
+if rank == 2:
+    MPIStore.set = failing_set
+try:
+    with ht.process_group(comm, timeout=datetime.timedelta(seconds=2)):
+        got["unbuilt"] = None
+except hetflow.HetflowError as exc:
+    got["unbuilt"] = (type(exc).__name__, str(exc), dist.is_initialized())
 try:
     with ht.process_group(comm, backend="nccl"):
         pass
 except hetflow.ConfigError as exc:
     got["nccl"] = str(exc)
 # the rendezvous store itself: counters, compare-and-set and timeouts served by rank 0
-import datetime
-from hetflow.torch._store import MPIStore
 store = MPIStore(comm.Dup(), datetime.timedelta(seconds=30))
 store.add("n", rank + 1)
 comm.Barrier()
@@ -176,6 +189,8 @@ def test_three_ranks_batches_and_groups():
     assert [g["group"] for g in got] == [(r, 3, r, 3, "gloo", "cpu", 3.0) for r in range(3)]
     assert all(g["after_raise"] is False for g in got)
     assert all(g["again"] == [3.0, 3.0, 3.0] for g in got)
+    assert all(g["unbuilt"][0] == "HetflowError" and "could not be built on rank(s) [0, 1, 2]"
+               in g["unbuilt"][1] and g["unbuilt"][2] is False for g in got), got
     assert all("CUDA device on every rank" in g["nccl"] for g in got)
     assert [g["store"][0] for g in got] == [6, 6, 6]
     assert sum(g["store"][1] for g in got) == 1, "compare_set let more than one rank win"

@@ -7,9 +7,9 @@ seeded generator and dealt to the ranks. Tolerance of the parity check: :data:`P
 from __future__ import annotations
 
 import os
-import time
 
 import hetflow
+from meet import meet
 
 #: DDP's weights against one process trained on the same global batches (float64: the
 #: gradient all-reduce sums in another order than the concatenated batch's mean).
@@ -40,18 +40,6 @@ def dealt_table(comm, rows: int, empty_rank=None, seed: int = 7):
     return frame.DistributedTable(comm, pa.table(columns))
 
 
-def _meet(comm, mine, theirs, timeout=300.0) -> bool:
-    """Rank 0 touches ``mine`` and waits for ``theirs``: two tasks' groups were up at once."""
-    met = None
-    if comm.Get_rank() == 0:
-        open(mine, "w").close()
-        deadline = time.time() + timeout
-        while not os.path.exists(theirs) and time.time() < deadline:
-            time.sleep(0.01)
-        met = os.path.exists(theirs)
-    return comm.bcast(met, root=0)
-
-
 def train(comm, rows=40, empty_rank=None, epochs=2, batch_size=8, mine=None, theirs=None,
           kill_rank=None, kill_step=None):
     """DDP over ``hetflow.torch.process_group``; then rank 0 trains one plain model on the
@@ -67,7 +55,7 @@ def train(comm, rows=40, empty_rank=None, epochs=2, batch_size=8, mine=None, the
 
     table = dealt_table(comm, rows, empty_rank)
     with ht.process_group() as group:
-        met = _meet(comm, mine, theirs) if mine else None
+        met = meet(comm, mine, theirs, timeout=300.0) if mine else None
         torch.manual_seed(0)
         model = torch.nn.Linear(3, 1).double()
         initial = {k: v.clone() for k, v in model.state_dict().items()}

@@ -486,13 +486,7 @@ def gather(comm, table: pa.Table, root: int = 0) -> Optional[pa.Table]:
         recv = np.empty(int(counts.sum()), np.uint8)
         comm.Gatherv(np.frombuffer(payload, np.uint8) if payload.size else np.empty(0, np.uint8),
                      [recv, (counts, displs), MPI.BYTE], root=root)
-        buf = pa.py_buffer(recv)
-        parts = [deserialize(buf.slice(int(d), int(c)), table.schema)
-                 for d, c in zip(displs, counts) if c]
-        parts = [p for p in parts if p.num_rows]
-        if not parts:
-            return table.schema.empty_table()
-        return pa.concat_tables(parts).combine_chunks()
+        return _concat_streams(recv, counts, displs, table.schema)
     comm.Gatherv(np.frombuffer(payload, np.uint8) if payload.size else np.empty(0, np.uint8),
                  None, root=root)
     return None
@@ -508,12 +502,16 @@ def allgather(comm, table: pa.Table) -> pa.Table:
     recv = np.empty(int(counts.sum()), np.uint8)
     send = np.frombuffer(payload, np.uint8) if payload.size else np.empty(0, np.uint8)
     wait_all([comm.Iallgatherv(send, [recv, (counts, displs), MPI.BYTE])])
+    return _concat_streams(recv, counts, displs, table.schema)
+
+
+def _concat_streams(recv: np.ndarray, counts, displs, schema: pa.Schema) -> pa.Table:
+    """One table of the Arrow IPC streams received back to back in ``recv`` (rank order)."""
     buf = pa.py_buffer(recv)
-    parts = [deserialize(buf.slice(int(d), int(c)), table.schema)
-             for d, c in zip(displs, counts) if c]
+    parts = [deserialize(buf.slice(int(d), int(c)), schema) for d, c in zip(displs, counts) if c]
     parts = [p for p in parts if p.num_rows]
     if not parts:
-        return table.schema.empty_table()
+        return schema.empty_table()
     return pa.concat_tables(parts).combine_chunks()
 
 

@@ -95,22 +95,23 @@ def filter_rows(table: DistributedTable, predicate: pc.Expression) -> Distribute
 
 def select(table: DistributedTable, columns) -> DistributedTable:
     """Only the ``columns`` named, in that order."""
-    names = _names(columns, "select")
-
-    def run(local):
-        _columns_of(local.schema, names, "select")
-        return local.select(names)
-    return _run("select", table, run)
+    return _keep_columns("select", table, columns, lambda names, present: names)
 
 
 def drop(table: DistributedTable, columns) -> DistributedTable:
     """Every column but those named."""
-    names = _names(columns, "drop")
+    return _keep_columns("drop", table, columns,
+                         lambda names, present: [n for n in present if n not in names])
+
+
+def _keep_columns(op: str, table: DistributedTable, columns, kept) -> DistributedTable:
+    """The columns ``kept(names, local.column_names)``, once every name is checked."""
+    names = _names(columns, op)
 
     def run(local):
-        _columns_of(local.schema, names, "drop")
-        return local.select([n for n in local.column_names if n not in names])
-    return _run("drop", table, run)
+        _columns_of(local.schema, names, op)
+        return local.select(kept(names, local.column_names))
+    return _run(op, table, run)
 
 
 def rename(table: DistributedTable, mapping: Mapping[str, str]) -> DistributedTable:

@@ -47,21 +47,22 @@ def slice_rows(table: DistributedTable, start: Optional[int] = None,
     rows of that range, so no data moves and ranks outside it hold empty partitions (see
     :func:`rebalance`). Unlike ``pyarrow.Table.slice(offset, length)``, the second argument
     is a position."""
-    table = require_table(table, "slice: table")
     start = None if start is None else _int(start, "slice: start")
     stop = None if stop is None else _int(stop, "slice: stop")
-    prep, starts = _positions("slice", table)
-    lo, hi, _ = slice(start, stop).indices(int(starts[-1]))
-    return _keep_range(prep, table, starts, lo, max(lo, hi))
+    return _sliced("slice", table, start, stop)
 
 
 def head(table: DistributedTable, n: int = 5) -> DistributedTable:
     """The first ``n`` rows of the global order (all but the last ``-n`` for negative ``n``,
     as polars' ``head``); no data moves."""
-    table = require_table(table, "head: table")
-    n = _int(n, "head: n")
-    prep, starts = _positions("head", table)
-    lo, hi, _ = slice(0, n).indices(int(starts[-1]))
+    return _sliced("head", table, 0, _int(n, "head: n"))
+
+
+def _sliced(op: str, table: DistributedTable, start, stop) -> DistributedTable:
+    """Rows ``start:stop`` (Python's semantics) of the global order."""
+    table = require_table(table, f"{op}: table")
+    prep, starts = _positions(op, table)
+    lo, hi, _ = slice(start, stop).indices(int(starts[-1]))
     return _keep_range(prep, table, starts, lo, max(lo, hi))
 
 

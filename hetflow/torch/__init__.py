@@ -10,7 +10,8 @@ Needs the ``torch`` extra (``pip install 'hetflow[torch]'``). Inside an ``@hetfl
 """
 from hetflow.errors import NullValues
 from hetflow.torch._batches import Batches, batches
-from hetflow.torch._group import DEFAULT_TIMEOUT, Group, IntruderError, process_group
+from hetflow.torch._group import (BUILD_TIMEOUT, DEFAULT_TIMEOUT, Group, IntruderError,
+                                  process_group)
 
-__all__ = ["DEFAULT_TIMEOUT", "Batches", "Group", "IntruderError", "NullValues", "batches",
+__all__ = ["BUILD_TIMEOUT", "DEFAULT_TIMEOUT", "Batches", "Group", "IntruderError", "NullValues", "batches",
            "process_group"]

@@ -15,10 +15,16 @@ from hetflow.errors import ConfigError, HetflowError
 #: How long torch waits in a collective or in the rendezvous before it raises. A task's
 #: walltime, when it has one, ends it sooner.
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+#: How long a Gloo group's construction (its store included) and its membership check wait
+#: for a peer (``timeout`` when shorter; ``timeout`` applies after; Gloo waits five times
+#: this for a peer's first connection). The ranks meet over MPI just before each step, so a
+#: real peer answers within milliseconds; a stranger who took a peer's connection while the
+#: group was built may stay silent, and nothing else ends that.
+BUILD_TIMEOUT = datetime.timedelta(seconds=30)
 
 
 class IntruderError(HetflowError):
-    """A process group's first collective did not carry the secret its ranks shared over
+    """A process group's first collective did not return the tokens its ranks shared over
     MPI: some connection of the group is not one of the task's own ranks."""
 
 
@@ -71,18 +77,29 @@ def _loopback_gloo(on_one_host: bool):
 
 
 def _verify_members(comm, group: Group) -> None:
-    """Rank 0 sends a fresh secret over MPI (which only the task's ranks share); a Gloo/NCCL
-    all-gather of it must come back whole from every rank, before any data moves."""
-    secret = comm.bcast(secrets.randbits(62) if comm.Get_rank() == 0 else None, root=0)
-    mine = torch.tensor([secret, group.rank], dtype=torch.int64, device=group.device)
+    """Every rank draws a token and shares it over MPI (which only the task's ranks reach);
+    a Gloo/NCCL all-gather of the tokens must return exactly those, before any data moves.
+    A stranger holding a peer's connection can echo what a rank sent it, never another
+    rank's token. Raises :class:`IntruderError` on every rank when any rank's check fails."""
+    token = secrets.randbits(63)
+    tokens = comm.allgather(token)
+    mine = torch.tensor([token], dtype=torch.int64, device=group.device)
     every = [torch.zeros_like(mine) for _ in range(group.size)]
-    dist.all_gather(every, mine)
-    seen = [tuple(int(v) for v in t.tolist()) for t in every]
-    good = comm.allreduce(int(seen == [(secret, r) for r in range(group.size)]), op=_min())
+    cause = None
+    try:
+        dist.all_gather(every, mine)
+        good = [int(t.item()) for t in every] == tokens
+    except RuntimeError as exc:       # a silent stranger: Gloo's timeout; a dropped peer
+        good, cause = False, exc
     if not good:
-        raise IntruderError("the process group's first collective came back without the "
-                            "secret its ranks shared over MPI: a connection of the group is "
-                            "not one of the task's ranks")
+        # Frees this rank's sockets: a peer whose real connection this rank never took
+        # (a stranger's came first) fails now instead of at its timeout.
+        dist.destroy_process_group()
+    bad = [r for r, ok in enumerate(comm.allgather(good)) if not ok]
+    if bad:
+        raise IntruderError(f"the process group's first collective did not return the tokens "
+                            f"its ranks shared over MPI on rank(s) {bad}: a connection of the "
+                            "group is not one of the task's ranks") from cause
 
 
 #: What Gloo says when a peer's connection ends under a collective.
@@ -110,12 +127,6 @@ def _wait_to_be_ended() -> None:
         time.sleep(0.1)
 
 
-def _min():
-    from mpi4py import MPI
-
-    return MPI.MIN
-
-
 @contextlib.contextmanager
 def process_group(comm=None, backend: str | None = None, *,
                   timeout: datetime.timedelta = DEFAULT_TIMEOUT):
@@ -124,7 +135,10 @@ def process_group(comm=None, backend: str | None = None, *,
 
     ``backend``: ``"nccl"`` when every rank sees a CUDA device, else ``"gloo"``. The
     rendezvous runs over ``comm`` (no port of its own, no file, no environment variable to
-    set); local ranks come from an all-gather of host names. Yields a :class:`Group`.
+    set); local ranks come from an all-gather of host names. Yields a :class:`Group`,
+    once its first collective has shown that every connection is one of the task's ranks
+    (else :class:`IntruderError` on every rank). ``timeout``: how long a collective waits
+    for a peer (Gloo's construction and that check: :data:`BUILD_TIMEOUT` at most).
     The group is destroyed on leaving, also when the body raised.
     """
     comm = _task_comm(comm)
@@ -162,14 +176,27 @@ def process_group(comm=None, backend: str | None = None, *,
         raise
     from hetflow.torch._store import MPIStore
 
-    store = MPIStore(own, timeout)
+    building = min(timeout, BUILD_TIMEOUT) if chosen == "gloo" else timeout
+    store = MPIStore(own, building)
     completed = False
     try:
-        with _loopback_gloo(len(set(hosts)) == 1):
-            dist.init_process_group(chosen, store=store, rank=rank, world_size=size,
-                                    timeout=timeout, device_id=device if chosen == "nccl" else None)
         try:
+            with _loopback_gloo(len(set(hosts)) == 1):
+                dist.init_process_group(chosen, store=store, rank=rank, world_size=size,
+                                        timeout=building,
+                                        device_id=device if chosen == "nccl" else None)
+            failed = None
+        except RuntimeError as exc:
+            failed = exc
+        unbuilt = [r for r, ok in enumerate(own.allgather(failed is None)) if not ok]
+        try:
+            if unbuilt:
+                raise HetflowError(f"the {chosen} process group could not be built on rank(s) "
+                                   f"{unbuilt}") from failed
             _verify_members(own, group)
+            if building != timeout:
+                dist.distributed_c10d._set_pg_timeout(timeout)
+                store.set_timeout(timeout)
             _active.append(group)
             try:
                 yield group
@@ -181,6 +208,7 @@ def process_group(comm=None, backend: str | None = None, *,
                 _active.pop()
             completed = True
         finally:
-            dist.destroy_process_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
     finally:
         store.close(synchronise=completed)
