@@ -162,6 +162,42 @@ def test_ops_without_a_pycylon_path_run_on_cpu_and_say_so(ranks):
             assert said, (rank, name, rep["log"])
 
 
+UNHELD = PRELUDE + r"""
+import datetime, decimal
+# columns a pycylon Table cannot hold (making one fails with "unsupported type" on one rank
+# too): the CPU engine runs the join or sort, and says why
+t = frame.from_local(comm, pa.table({
+    "k": pa.array([rank, 1, 2], pa.int64()),
+    "d": pa.array(["x", "y", "x"]).dictionary_encode(),
+    "m": pa.array([decimal.Decimal("1.5"), None, decimal.Decimal("-2")], pa.decimal128(9, 2)),
+    "t": pa.array([datetime.timedelta(seconds=s) for s in (1, 2, 3)], pa.duration("s"))}))
+plain = frame.from_local(comm, t.local.select(["k"]))
+results = {}
+for name, col in (("dictionary", "d"), ("decimal", "m"), ("duration", "t")):
+    one = frame.from_local(comm, t.local.select(["k", col]))
+    for op, run in (("join", lambda be: frame.join(one, plain, on="k", backend=be)),
+                    ("sort", lambda be: frame.sort(one, "k", backend=be))):
+        got, exp = run("pycylon"), run("cpu")
+        results[f"{op} {name}"] = (got.backend, same_rows(got.local, exp.local))
+mpiutil.report({"results": results, "log": records})
+"""
+
+
+@pytest.mark.parametrize("ranks", [1])
+def test_columns_pycylon_cannot_hold_run_on_cpu_and_say_so(ranks):
+    # Decided before pycylon is needed, on one rank as on many.
+    reports = run_mpi(UNHELD, ranks, timeout=120).values(ranks)
+    for rank, rep in enumerate(reports):
+        assert len(rep["results"]) == 6 and len(rep["log"]) == 6, rep
+        for name, (backend, problem) in rep["results"].items():
+            assert (backend, problem) == ("cpu", None), (rank, name, backend, problem)
+            op, col = name.split()
+            said = [m for m in rep["log"] if m.startswith(f"hetflow.frame: {op} ran on the CPU "
+                                                          "engine, not pycylon: column ")
+                    and col in m and "a pycylon Table cannot hold this type" in m]
+            assert said, (rank, name, rep["log"])
+
+
 REFUSED = PRELUDE + r"""
 # The offending value sits on the last rank only: the refusal must still reach every rank.
 last = rank == size - 1
@@ -179,6 +215,7 @@ case("groupby null values", lambda: t.groupby("g").agg({"k": "sum"}, backend="py
 case("groupby NaN key", lambda: t.groupby("f").agg({"g": "sum"}, backend="pycylon"))
 case("unique subset", lambda: t.unique("g", backend="pycylon"))
 case("unique NaN", lambda: no_bool.unique(backend="pycylon"))
+case("groupby NaN max", lambda: t.groupby("g").agg({"f": ["sum", "max"]}, backend="pycylon"))
 case("bool join key", lambda: frame.join(t, t, on="b", backend="pycylon"))
 # Cylon's comparator and sort know no large_string: "unknown type large_string" on one rank
 ls = frame.from_local(comm, t.local.append_column("ls", pa.array(["a", "b"], pa.large_string())))
@@ -194,6 +231,7 @@ REFUSAL_WORDS = {
     "groupby NaN key": "NaN",
     "unique subset": "first occurrence",
     "unique NaN": "NaN",
+    "groupby NaN max": "where its NaN falls",
     "bool join key": "bool",
     "large_string join key": "large_string",
 }
@@ -284,6 +322,14 @@ for seed in range(2):
     spec = {c: ["sum", "count", "min", "max", "mean"] for c in ("i8", "i32", "u16", "f32", "v")}
     compare(f"groupby overflowing sums seed={seed}", wide.groupby("k").agg(spec, backend=BACKEND),
             wide.groupby("k").agg(spec, backend="cpu"))
+    # a float key with -0.0 beside 0.0: one group (Cylon alone makes two, by the bits)
+    zero = frame.from_local(comm, pa.table({
+        "z": pa.array([1.5 if i % 3 == 0 else (-0.0 if (i + rank) % 2 else 0.0)
+                       for i in range(n)], pa.float64()),
+        "v": grouped.local.column("v")}))
+    compare(f"groupby -0.0/0.0 key seed={seed}",
+            zero.groupby("z").agg({"v": ["sum", "min"]}, backend=BACKEND),
+            zero.groupby("z").agg({"v": ["sum", "min"]}, backend="cpu"))
     # the aggregations pycylon does not run: the CPU engine's, logged
     for f in NEW_AGGS:
         name = f if isinstance(f, str) else f.name
@@ -299,6 +345,11 @@ for seed in range(2):
             frame.join(flags, clean, on="k", backend="cpu"))
     compare(f"sort bool+large_string seed={seed}", frame.sort(flags, "k", backend=BACKEND),
             frame.sort(flags, "k", backend="cpu"), ordered_by=["k"])
+    # a column no pycylon Table can hold (on one rank too)
+    held = frame.from_local(comm, clean.local.append_column(
+        "d", clean.local.column("s").dictionary_encode()))
+    compare(f"join dictionary seed={seed}", frame.join(held, clean, on="k", backend=BACKEND),
+            frame.join(held, clean, on="k", backend="cpu"))
 mpiutil.report({"problems": problems, "checked": checked, "routed": routed,
                 "said": [m for m in records if "ran on the CPU engine, not pycylon" in m]})
 """
@@ -307,14 +358,15 @@ mpiutil.report({"problems": problems, "checked": checked, "routed": routed,
 AGG_NAMES = ["size", "first", "last", "var", "std", "median", "nunique", "quantile", "nlargest",
              "nsmallest"]
 #: PARITY's cases per seed
-CASES = 12 + 2 + 2 + 1 + 1 + len(AGG_NAMES) + 2
+CASES = 12 + 2 + 2 + 1 + 1 + 1 + len(AGG_NAMES) + 2 + 1
 
 
 def routed_to_cpu(ranks):
     """PARITY's cases pycylon gets wrong (hetflow.frame._pycylon._CYLON_WRONG) or does not
     run: left, right and outer joins; the aggregations pycylon's group-by has not (or not with
-    their parameters); on more than one rank, string keys (joins on k+s, group-by on k+s,
-    unique) and a join or sort of a table with a bool or large_string column (no splitter)."""
+    their parameters); a join of a table with a dictionary column (no pycylon Table holds it);
+    on more than one rank, string keys (joins on k+s, group-by on k+s, unique) and a join or
+    sort of a table with a bool or large_string column (no splitter)."""
     cases = []
     for seed in range(2):
         for how in ("inner", "left", "right", "outer"):
@@ -322,6 +374,7 @@ def routed_to_cpu(ranks):
                 if how != "inner" or (ranks > 1 and label != "k"):
                     cases.append(f"join {how} {label} seed={seed}")
         cases += [f"groupby {name} seed={seed}" for name in AGG_NAMES]
+        cases.append(f"join dictionary seed={seed}")
         if ranks > 1:
             cases += [f"groupby k+s seed={seed}", f"unique seed={seed}",
                       f"join bool+large_string seed={seed}",

@@ -161,4 +161,7 @@ def group_by(table: pa.Table, by: List[str]):
     try:
         return table.group_by(by, use_threads=False)
     except TypeError:  # pyarrow < 12 (pycylon's environments pin pyarrow 9-10)
-        return table.group_by(by)
+        # whose grouping reads every column by the first one's chunks: columns chunked
+        # differently (a set operation's tags beside its concatenated sides) gave wrong groups
+        # or a segfault
+        return table.combine_chunks().group_by(by)

@@ -33,6 +33,11 @@ ARROW_JOIN_TYPE = {"inner": "inner", "left": "left outer", "right": "right outer
 #: The joins :func:`match` serves (the others run Arrow's hash join).
 FAST_HOW = ("inner", "left", "right", "outer", "full")
 
+#: pyarrow < 12 (pycylon's environments pin 9-10) waits for its hash join holding the GIL
+#: while a worker thread frees a NumPy-backed buffer, which needs the GIL: a deadlock. Run it
+#: on the calling thread there.
+_ARROW_JOIN_OPTIONS = {"use_threads": False} if int(pa.__version__.split(".")[0]) < 12 else {}
+
 
 def fast_key_ok(lschema: pa.Schema, rschema: pa.Schema, lk, rk, how) -> bool:
     """Whether the join can run on the sort-merge/direct-address kernels (given that neither
@@ -54,7 +59,8 @@ def join(left: pa.Table, right: pa.Table, lk: Sequence[str], rk: Sequence[str], 
             or left.column(lk[0]).null_count or right.column(rk[0]).null_count):
         return left.join(right, keys=list(lk), right_keys=list(rk),
                          join_type=ARROW_JOIN_TYPE[how], left_suffix=suffixes[0],
-                         right_suffix=suffixes[1], coalesce_keys=True)
+                         right_suffix=suffixes[1], coalesce_keys=True,
+                         **_ARROW_JOIN_OPTIONS)
     keys = {"left": _single(left.column(lk[0])), "right": _single(right.column(rk[0]))}
     li, ri = match(keys["left"], keys["right"], how)
     return assemble(left.schema, right.schema, lk[0], rk[0], li, ri, how, suffixes,

@@ -12,12 +12,15 @@ agrees on, so all ranks take the same way and none is left in a collective:
 * pycylon has no such operation (semi/anti join; a shuffle co-partitioned with the CPU
   engine's; the group-by functions of ``_NO_CYLON_AGG``), gets it wrong (``_CYLON_WRONG``:
   left, right and outer joins; string and binary keys of a join, group-by or unique on more
-  than one rank), or cannot split a column of the table between ranks (a join or sort with a
-  bool or large_string column, ``_cylon_split_type``): the CPU engine runs it, the result's
-  ``backend`` is ``"cpu"``, and a warning on the ``hetflow.frame`` logger says why.
+  than one rank), or cannot carry a column of the table (a join or sort with a dictionary,
+  decimal or duration column, ``_cylon_table_type``; on more than one rank also a bool or
+  large_string column, which Cylon cannot split between ranks, ``_cylon_split_type``): the
+  CPU engine runs it, the result's ``backend`` is ``"cpu"``, and a warning on the
+  ``hetflow.frame`` logger says why.
   This does not need pycylon to be installed.
 * pycylon has the operation but its semantics differ from the CPU engine's in a way the adapter
-  cannot convert (NaN keys, null sort keys, null aggregated values, unique over a subset):
+  cannot convert (NaN keys, null sort keys, null aggregated values, NaN under a min or max,
+  unique over a subset):
   :class:`~hetflow.errors.NotSupported` names the difference.
 
 Only then is pycylon imported: if it is missing, :class:`~hetflow.errors.BackendUnavailable`
@@ -33,7 +36,7 @@ two nulls as equal and compares values with ``==`` (cpp/src/cylon/arrow/arrow_co
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -102,18 +105,33 @@ def _cylon_key_type(t: pa.DataType) -> bool:
     return _cylon_split_type(t)
 
 
-def _unsplittable(comm, *schemas: pa.Schema) -> List[str]:
-    """The columns, key or not, that Cylon would have to split between ranks but cannot
-    (none on one rank), as ``'name' (type)``."""
-    if comm.Get_size() == 1:
-        return []
-    return [f"{f.name!r} ({f.type})" for schema in schemas for f in schema
-            if not _cylon_split_type(f.type)]
+def _cylon_table_type(t: pa.DataType) -> bool:
+    """Types a pycylon Table can hold at all (arrow_types.cpp's CheckSupportedTypes; any other
+    column fails ``DataFrame(table)`` with "unsupported type", on one rank too): the
+    splittable ones, bool, float16, large_string, large_binary, and lists of numbers. No
+    dictionary, decimal, duration, interval, struct or null column."""
+    if pa.types.is_list(t):
+        return pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
+    return (_cylon_split_type(t) or pa.types.is_boolean(t) or pa.types.is_float16(t)
+            or pa.types.is_large_string(t) or pa.types.is_large_binary(t))
 
 
-def _no_splitter(op: str, columns: List[str]) -> str:
-    return (f"column {', '.join(columns)}: Cylon has no splitter for this type (a {op} on "
-            "more than one rank fails with 'splitter not implemented')")
+def _uncarried(comm, op: str, *schemas: pa.Schema) -> Optional[str]:
+    """Why Cylon cannot carry the tables' columns, key or not, through ``op``: a type a pycylon
+    Table cannot hold, or (on more than one rank) one Cylon cannot split between ranks; None if
+    it can."""
+    def named(ok) -> List[str]:
+        return [f"{f.name!r} ({f.type})" for schema in schemas for f in schema
+                if not ok(f.type)]
+    unheld = named(_cylon_table_type)
+    if unheld:
+        return (f"column {', '.join(unheld)}: a pycylon Table cannot hold this type (making "
+                "one fails with 'unsupported type')")
+    unsplit = named(_cylon_split_type) if comm.Get_size() > 1 else []
+    if unsplit:
+        return (f"column {', '.join(unsplit)}: Cylon has no splitter for this type (a {op} on "
+                "more than one rank fails with 'splitter not implemented')")
+    return None
 
 
 def _require_key_types(op: str, schema: pa.Schema, names: Sequence[str], side: str = "") -> None:
@@ -269,9 +287,9 @@ def join(left: DistributedTable, right: DistributedTable, lk: List[str], rk: Lis
         return _on_cpu(f"{how} join", _CYLON_WRONG["outer joins"], on_cpu)
     _require_key_types("join", left.local.schema, lk, "left")
     _require_key_types("join", right.local.schema, rk, "right")
-    unsplittable = _unsplittable(comm, left.local.schema, right.local.schema)
-    if unsplittable:
-        return _on_cpu("join", _no_splitter("join", unsplittable), on_cpu)
+    why = _uncarried(comm, "join", left.local.schema, right.local.schema)
+    if why:
+        return _on_cpu("join", why, on_cpu)
     strings = (_address_hashed(comm, left.local.schema, lk)
                + _address_hashed(comm, right.local.schema, rk))
     if strings:
@@ -338,10 +356,9 @@ def sort(table: DistributedTable, names: List[str], asc: List[bool]) -> Distribu
     """
     comm = table.comm
     _require_key_types("sort", table.local.schema, names)
-    unsplittable = _unsplittable(comm, table.local.schema)
-    if unsplittable:
-        return _on_cpu("sort", _no_splitter("sort", unsplittable),
-                       lambda: _sort_cpu(table, names, asc))
+    why = _uncarried(comm, "sort", table.local.schema)
+    if why:
+        return _on_cpu("sort", why, lambda: _sort_cpu(table, names, asc))
     counts = _counts(comm, [(table.local, names)])
     bad = [n for n, (nulls, nans) in zip(names, counts) if nulls or nans]
     if bad:
@@ -367,7 +384,7 @@ def groupby_agg(table: DistributedTable, by: List[str], planned: Sequence) -> Di
     Sums and means are asked of Cylon over the column widened to 64 bits (Cylon sums in the
     column's own type, so an int32 sum past 2**31 would wrap, and a float32 mean would be
     computed at float32 precision); the CPU engine sums integers as int64 and means at
-    float64 too."""
+    float64 too. Float keys go with -0.0 made 0.0 (one group, as on the CPU engine)."""
     comm = table.comm
     schema = table.local.schema
     spec: Dict[str, list] = {}
@@ -408,6 +425,13 @@ def groupby_agg(table: DistributedTable, by: List[str], planned: Sequence) -> Di
                            "holds nulls; Cylon's kernels give an all-null group 0 or the "
                            "kernel's start value where the CPU engine gives null; use "
                            "backend='cpu'")
+    extremes = {p.column for p in planned if p.name in ("min", "max")}
+    nan_values = [n for n, (_, nans) in zip(values, value_counts) if nans and n in extremes]
+    if nan_values:
+        raise NotSupported(f"groupby.agg on pycylon: column {', '.join(map(repr, nan_values))} "
+                           "holds NaN; Cylon's min and max compare with <, so a group's result "
+                           "is NaN or a number depending on where its NaN falls, where the CPU "
+                           "engine skips NaN; use backend='cpu'")
     # the CPU engine's exact result schema: its own kernels on an empty partition
     out_schema = _groupby().result_schema(schema, by, planned)
     # What Cylon is asked for, per column in first-use order (its output's order): the plan's
@@ -424,8 +448,11 @@ def groupby_agg(table: DistributedTable, by: List[str], planned: Sequence) -> Di
     for col, funcs in asks.items():
         for g in funcs:
             position[(col, g)] = len(by) + len(position)
-    # only the keys and aggregated columns go to Cylon, those summed widened to 64 bits
-    sent = table.local.select(by + values)
+    # only the keys and aggregated columns go to Cylon, those summed widened to 64 bits, and
+    # float keys with -0.0 as 0.0: Cylon groups floats by their bits (-0.0 and 0.0 two groups),
+    # the CPU engine as values
+    from hetflow.frame._join import canonical_zero
+    sent = canonical_zero(table.local.select(by + values), by)
     for col, funcs in asks.items():
         if "sum" in funcs or "mean" in funcs:
             i = sent.schema.get_field_index(col)
