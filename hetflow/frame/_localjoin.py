@@ -9,9 +9,9 @@ NumPy then gathers the columns. A heavy key sharing its bucket with others goes 
 of both sides (:func:`_match_sorted`). On one core this is several times faster than Arrow's
 hash join. One string or binary key is matched the same way through its 64-bit hash, the
 matched pairs' keys then compared (:func:`match_by_hash`). Every other case (floats, several
-keys, nulls in an integer key) runs Arrow's hash join (``Table.join``). Both give the same rows, columns and names: the left
-columns, then the right non-key columns, colliding names suffixed, keys coalesced under the
-left names; row order is unspecified.
+keys, nulls in an integer key) runs Arrow's hash join (``Table.join``). Both give the same
+rows, columns and names: the left columns, then the right non-key columns, colliding names
+suffixed, keys coalesced under the left names; row order is unspecified.
 """
 from __future__ import annotations
 
