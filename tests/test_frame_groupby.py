@@ -125,3 +125,33 @@ def test_every_aggregation_matches_polars(ranks):
     for r in reports:
         assert r["failures"] == [], "\n".join(r["failures"][:6])
     assert reports[0]["checked"] == (7 + 7 + 2) * 3
+
+
+BIG_MEAN = r"""
+import pyarrow as pa
+import polars as pl
+from mpi4py import MPI
+from hetflow import frame
+import mpiutil
+
+comm = MPI.COMM_WORLD
+# group 1's int64 sum (2**63 - 7) is beyond float64's exact integers, on rank 0 only
+rows = {"k": [1, 1, 2], "v": [2**62, 2**62 - 7, 5]} if comm.Get_rank() == 0 else {"k": [2], "v": [7]}
+local = pa.table({"k": pa.array(rows["k"], pa.int64()), "v": pa.array(rows["v"], pa.int64())})
+out = frame.groupby(frame.DistributedTable(comm, local), "k").agg({"v": ["mean", "sum"]})
+whole = frame.gather(out)
+every = pa.concat_tables(comm.allgather(local))
+expected = pl.from_arrow(every).group_by("k").agg(pl.col("v").mean().alias("v_mean"),
+                                                  pl.col("v").sum().alias("v_sum")).sort("k")
+mpiutil.report(None if whole is None else
+               (whole.sort_by("k").to_pydict(), expected.to_dict(as_series=False)))
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_integer_mean_of_a_sum_beyond_2_53_is_a_float(ranks):
+    # The exact int64 partial sum is cast to float64 for the mean: a checked cast raised an
+    # untyped ArrowInvalid on the ranks holding such a group (the others waited).
+    got, expected = run_mpi(BIG_MEAN, ranks, timeout=120).values(ranks)[0]
+    assert got["k"] == expected["k"] and got["v_sum"] == expected["v_sum"]
+    assert got["v_mean"] == pytest.approx(expected["v_mean"], rel=1e-15)

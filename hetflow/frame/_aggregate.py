@@ -563,7 +563,8 @@ def finish(parts: List[List[pa.Array]], planned: Sequence[Planned]) -> List[pa.A
             total, count = cols
             c = _arrays.to_numpy(count)
             with np.errstate(invalid="ignore", divide="ignore"):
-                s = _floats(total.cast(pa.float64())) / np.where(c > 0, c, 1)
+                # unsafe: an int64 sum beyond 2**53 rounds (as the mean itself does)
+                s = _floats(total.cast(pa.float64(), safe=False)) / np.where(c > 0, c, 1)
             out.append(_arrays.from_values(pa.float64(), s, c > 0))
         elif p.name in ("var", "std"):
             out.append(_spread(cols[0], cols[2], p.agg.ddof, p.name == "std"))
