@@ -198,6 +198,8 @@ def wait_probe_worker(args) -> None:
 
 def wait_probe(args) -> int:
     """MPICH's busy-wait vs a sleeping wait, with and without MPIR_CVAR_POLLS_BEFORE_YIELD."""
+    from hetflow.executors.launch import launcher_env
+
     modes = [("blocking", {}), ("blocking", {"MPIR_CVAR_POLLS_BEFORE_YIELD": "1"}),
              ("blocking", {"MPICH_ASYNC_PROGRESS": "1"}), ("sleeping", {})]
     print(f"wait probe: rank 1 sorts 3 x 2M int64 while rank 0 waits; {args.rounds} rounds x "
@@ -212,7 +214,8 @@ def wait_probe(args) -> int:
                 cmd = [_mpiexec(), "-n", "2", sys.executable, _SELF,
                        "--wait-probe-worker", "--wait-mode",
                        mode, "--repeats", str(args.repeats), "--out", out]
-                subprocess.run(cmd, check=True, timeout=args.timeout, env={**os.environ, **env})
+                subprocess.run(cmd, check=True, timeout=args.timeout,
+                               env={**launcher_env(cmd[0]), **env})
                 with open(out) as fh:
                     results[i].append(json.load(fh))
     for i, (mode, env) in enumerate(modes):
@@ -301,16 +304,17 @@ def hetflow_run(op: str, args, ranks=None, rows=None, repeats=None,
                "--repeats", str(args.repeats if repeats is None else repeats), "--out", out]
         if args.phases and engine == "hetflow":
             cmd.append("--phases")
-        subprocess.run(cmd, check=True, timeout=args.timeout, env=_ranks_env(args))
+        subprocess.run(cmd, check=True, timeout=args.timeout, env=_ranks_env(args, cmd[0]))
         with open(out) as fh:
             return json.load(fh)
 
 
-def _ranks_env(args) -> dict:
-    """The ranks' environment (Cylon's too): as hetflow's runtimes give it, then --mpi-env."""
-    from hetflow.executors.launch import with_malloc_thp
+def _ranks_env(args, mpiexec: str) -> dict:
+    """The ranks' environment (Cylon's too): as hetflow's runtimes give it (Open MPI's opt-in
+    as root included), then --mpi-env."""
+    from hetflow.executors.launch import launcher_env
 
-    env = with_malloc_thp(dict(os.environ))
+    env = launcher_env(mpiexec)
     env.update(kv.split("=", 1) for kv in args.mpi_env)
     return env
 
@@ -380,7 +384,7 @@ def scaling(args) -> int:
     print(f"hetflow scaling ({kind} = {args.per_rank:,}), ranks {counts}, {args.rounds} "
           f"rounds x {args.repeats} repeats, MPI env {args.mpi_env or 'default'}, "
           f"{os.cpu_count()} cores", flush=True)
-    print(f"ranks' GLIBC_TUNABLES: {_ranks_env(args).get('GLIBC_TUNABLES') or '(none)'}",
+    print(f"ranks' GLIBC_TUNABLES: {_ranks_env(args, _mpiexec()).get('GLIBC_TUNABLES') or '(none)'}",
           flush=True)
     engines = {op: ["hetflow"] + (CYLON_ENGINES[op] if args.cylon else []) for op in ops}
     if args.cylon:
