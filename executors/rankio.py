@@ -286,10 +286,12 @@ class Follower:
                 del self._tasks[files.task.id]
 
     def close(self) -> None:
-        self._closed = True
+        with self._mutex:       # add() starts the thread under it: seen here, it has started
+            self._closed = True
+            thread = self._thread
         self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
 
     def _run(self) -> None:
         while not self._closed:
