@@ -201,33 +201,18 @@ def _join_by_hash(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, h
         keys = {"left": fetch_left(lkey), "right": fetch_right(rkey)}
         lh, rh = (from_values(pa.uint64(), h) for h in hashes)
     else:
-        tagged, routes = [], []
-        for table, h in zip((left, right), hashes):
-            name = _unused_name(table.schema.names)
-            table = table.append_column(name, from_values(pa.uint64(), h))
-            with phase("partition"):
-                dest = (h % np.uint64(size)).astype(destination_dtype(size))
-            order, offsets = _exchange.split_by(dest, size)
-            del dest
-            routes.append((order, offsets, table))
-            tagged.append(name)
-            del order, table
-        del hashes
-        left_route, right_route = _exchange.RowExchange.several(comm, routes)
-        del routes
-        if batched:
-            requests = ([(left_route, i) for i in range(left.num_columns + 1)] +
-                        [(right_route, i) for i in range(right.num_columns + 1)])
-            got = _exchange.fetch_together(requests)
-            left_cols = dict(zip(left.schema.names + [tagged[0]], got[:left.num_columns + 1]))
-            right_cols = dict(zip(right.schema.names + [tagged[1]], got[left.num_columns + 1:]))
-            del got
-            fetch_left, fetch_right = left_cols.pop, right_cols.pop
-        else:
-            fetch_left, fetch_right = left_route.column, right_route.column
-        lh, rh = fetch_left(tagged[0]), fetch_right(tagged[1])
-        keys = {"left": fetch_left(lkey), "right": fetch_right(rkey)}
-    hashes = None
+        # the hash rides along as a column of its own, and routes the rows
+        names = [_unused_name(t.schema.names) for t in (left, right)]
+        tagged = [t.append_column(n, from_values(pa.uint64(), h))
+                  for t, n, h in zip((left, right), names, hashes)]
+        with phase("partition"):
+            routing = [((h % np.uint64(size)).astype(destination_dtype(size)), None)
+                       for h in hashes]
+        keys, fetch_left, fetch_right = _shuffled_keys(comm, *tagged, lkey, rkey, be,
+                                                       routing, batched)
+        del tagged, routing
+        lh, rh = fetch_left(names[0]), fetch_right(names[1])
+    del hashes
     with phase("local"):
         li, ri = _localjoin.match_by_hash(lh, rh, keys["left"], keys["right"], how)
         del lh, rh
@@ -247,8 +232,8 @@ def _shuffled_keys(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
                    residues=None, batched: bool = False):
     """Route both tables' rows by their key's partition (collective): this rank's key columns
     (``{"left": ..., "right": ...}``) and a ``name -> column`` fetch per side for the rest.
-    ``residues``: the two sides' destinations and rows per destination, already chosen (else
-    the keys are hashed)."""
+    ``residues``: the two sides' destinations and rows per destination (None: counted
+    here), already chosen (else the keys are hashed)."""
     size = comm.Get_size()
     xp = _backend.array_module(be)
     routes = []
