@@ -71,3 +71,27 @@ def same_rows(got: pa.Table, expected: pa.Table):
         return (f"rows differ: got {len(a)}, expected {len(b)}; unexpected {extra}; "
                 f"missing {missing}")
     return None
+
+
+#: hetflow's join types by polars' names.
+PL_HOW = {"inner": "inner", "left": "left", "right": "right", "outer": "full"}
+
+
+def join_against_polars(comm, left_parts, right_parts, on, how: str):
+    """Join this rank's own ``left_parts``/``right_parts`` (every rank's partition, by rank)
+    with hetflow and gather; on rank 0, the difference from polars' join of the whole inputs
+    (see :func:`same_rows`), or None. None on the other ranks."""
+    import polars as pl
+
+    from hetflow import frame
+
+    rank = comm.Get_rank()
+    got = frame.join(frame.from_local(comm, left_parts[rank]),
+                     frame.from_local(comm, right_parts[rank]),
+                     on=on, how=how, suffixes=("", "_right")).gather()
+    if rank != 0:
+        return None
+    expected = pl.from_arrow(pa.concat_tables(left_parts)).join(
+        pl.from_arrow(pa.concat_tables(right_parts)), on=on, how=PL_HOW[how], coalesce=True,
+        suffix="_right").to_arrow()
+    return same_rows(got, expected)

@@ -104,15 +104,12 @@ def test_join_matches_polars(ranks, mode):
 KEY_TYPES_SCRIPT = r"""
 import numpy as np
 import pyarrow as pa
-import polars as pl
 from mpi4py import MPI
-from hetflow import frame
-from frame_cases import same_rows
+from frame_cases import PL_HOW, join_against_polars
 import mpiutil
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
-PL_HOW = {"inner": "inner", "left": "left", "right": "right", "outer": "full"}
 failures, checked = [], 0
 
 def part(seed, r, typ, low, high, rows):
@@ -137,14 +134,8 @@ for i, (typ, low, high) in enumerate(CASES):
         R = [t.set_column(0, "k", pa.concat_arrays([L[r].column(0).chunk(0)[:10],
                                                       t.column(0).chunk(0)[10:]]))
              if L[r].num_rows >= 10 else t for r, t in enumerate(R)]
-        out = frame.join(frame.from_local(comm, L[rank]), frame.from_local(comm, R[rank]),
-                         on="k", how=how, suffixes=("", "_right"))
-        got = out.gather()
+        problem = join_against_polars(comm, L, R, "k", how)
         if rank == 0:
-            exp = pl.from_arrow(pa.concat_tables(L)).join(
-                pl.from_arrow(pa.concat_tables(R)), on="k", how=PL_HOW[how], coalesce=True,
-                suffix="_right").to_arrow()
-            problem = same_rows(got, exp)
             if problem:
                 failures.append(f"{typ} [{low}, {high}] how={how}: {problem}")
             checked += 1
@@ -317,16 +308,13 @@ COLLISION_SCRIPT = r"""
 import sys
 import numpy as np
 import pyarrow as pa
-import polars as pl
 from mpi4py import MPI
-from hetflow import frame
 from hetflow.frame import _hash
-from frame_cases import same_rows
+from frame_cases import PL_HOW, join_against_polars
 import mpiutil
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
-PL_HOW = {"inner": "inner", "left": "left", "right": "right", "outer": "full"}
 # every key's hash cut to 2 bits: most matched hash pairs are of different keys (the join must
 # drop them and keep a row whose candidates were all dropped once, null-extended)
 full_hash = _hash.hash_rows
@@ -350,14 +338,8 @@ for i, typ in enumerate([pa.string(), pa.large_string(), pa.binary(), pa.large_b
         empty = (1,) if i == 1 else ()  # rank 1 (where there is one) holds nothing
         L = [part(i, r, typ, empty) for r in range(size)]
         R = [part(i + 50, r, typ, ()) for r in range(size)]
-        out = frame.join(frame.from_local(comm, L[rank]), frame.from_local(comm, R[rank]),
-                         on="s", how=how, suffixes=("", "_right"))
-        got = out.gather()
+        problem = join_against_polars(comm, L, R, "s", how)
         if rank == 0:
-            exp = pl.from_arrow(pa.concat_tables(L)).join(
-                pl.from_arrow(pa.concat_tables(R)), on="s", how=PL_HOW[how], coalesce=True,
-                suffix="_right").to_arrow()
-            problem = same_rows(got, exp)
             if problem:
                 failures.append(f"{typ} how={how}: {problem}")
             checked += 1

@@ -501,18 +501,24 @@ def held_training(comm, release, up):
         return total.item(), float(model.module.weight.grad.sum())
 
 
+def _gloo_case(name: str) -> None:
+    """Skip unless on mpirun with torch installed: Gloo's ports are hetflow.torch's, the same
+    on every runtime, so mpirun's case covers them."""
+    import importlib.util
+
+    if name != "mpirun":
+        pytest.skip("Gloo's ports are hetflow.torch's, the same on every runtime: mpirun's case")
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (the torch extra)")
+
+
 def test_rogue_process_cannot_join_or_disturb_training(loaded, tmp_path):
     """Every port a training stage's ranks listen on (Gloo's, bound to loopback, and MPI's)
     gets the rogue's pickles, junk and 2,000 connections while the group is up and one rank
     waits in a collective: no code runs, the result is the real one, within the walltime.
     The same code builds the group on every runtime; run on mpirun (torch imports: ~4 s)."""
     name, dfk, executor, root = loaded
-    if name != "mpirun":
-        pytest.skip("Gloo's ports are hetflow.torch's, the same on every runtime: mpirun's case")
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        pytest.skip("torch is not installed (the torch extra)")
+    _gloo_case(name)
     release, up = str(tmp_path / "release"), str(tmp_path / "up")
     fut = held_training(release, up)
     deadline = time.time() + 280
@@ -608,14 +614,10 @@ def test_rogue_process_cannot_join_a_training_group_being_built(loaded, tmp_path
     In three unheld groups the rogue races the real peers: every rank gets the sum, or
     IntruderError where the rogue was paired. No code runs, the task ends within its
     walltime, and the runtime's next task succeeds."""
-    name, dfk, executor, root = loaded
-    if name != "mpirun":
-        pytest.skip("Gloo's ports are hetflow.torch's, the same on every runtime: mpirun's case")
-    import importlib.util
     import json
 
-    if importlib.util.find_spec("torch") is None:
-        pytest.skip("torch is not installed (the torch extra)")
+    name, dfk, executor, root = loaded
+    _gloo_case(name)
     pids, report = str(tmp_path / "pids"), str(tmp_path / "report")
     modes = ["echo", "silent", "forge"]
     gates = [str(tmp_path / mode) for mode in modes]
