@@ -175,7 +175,7 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
                                                        residues, batched)
     stride = comm.Get_size() if residues is not None else 1
     with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
-        li, ri = _localjoin.match(keys["left"], keys["right"], how, stride)
+        li, ri = _localjoin.match(keys["left"], keys["right"], how, stride, identity=True)
         return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
                                    fetch_left, fetch_right, keys)
 
