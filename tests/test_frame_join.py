@@ -384,3 +384,166 @@ def test_binary_keys_compare_equal_pair_by_pair():
         got = _localjoin.binary_equal_at(a, ai, b, bi)
         assert got.tolist() == want, typ
         assert got.any() and not got.all()
+
+
+def test_unique_right_keys_match_by_one_lookup(monkeypatch):
+    """Right keys that are all different (a dimension table): the dense match reads each left
+    key's right row from one table, no runs expanded (the expansion made to fail here), and
+    a left join (an inner join where every left row matches) hands back the left rows as they
+    are (None) with each one's right row or -1, in left order. Checked row by row against a
+    dict, for dense and gapped right keys, left keys outside the right's range at every
+    integer width's extremes, with a stride (keys sharing a remainder), and the other join
+    types' pairs against the sort-merge match; duplicated right keys take the expansion."""
+    import numpy as np
+    import pyarrow as pa
+
+    from hetflow.frame import _localjoin, _localsort
+
+    def pairs(found):
+        return sorted(zip(found[0].tolist(), found[1].tolist()))
+
+    def sort_merge(a, b, how):
+        return _localjoin._match_sorted(_localsort.numeric_key(a), _localsort.numeric_key(b),
+                                        how)
+
+    def check(a, b, stride=1):
+        where = {int(k): i for i, k in enumerate(b.tolist())}
+        want = [where.get(int(k), -1) for k in a.tolist()]
+        hits = [i for i, r in enumerate(want) if r >= 0]
+        A, B = pa.array(a), pa.array(b)
+        li, ri = _localjoin.match(A, B, "left", stride, identity=True)
+        assert li is None and ri.tolist() == want
+        li, ri = _localjoin.match(A, B, "left", stride)
+        assert li.tolist() == list(range(len(a))) and ri.tolist() == want
+        li, ri = _localjoin.match(A, B, "inner", stride, identity=True)
+        assert li.tolist() == hits and ri.tolist() == [want[i] for i in hits]
+        li, ri = _localjoin.match(pa.array(a[hits]), B, "inner", stride, identity=True)
+        assert li is None and ri.tolist() == [want[i] for i in hits]
+        for how in ("right", "outer"):
+            assert pairs(_localjoin.match(A, B, how, stride)) == pairs(sort_merge(a, b, how))
+
+    def expansion(*args):
+        raise AssertionError("runs expanded for unique right keys")
+
+    monkeypatch.setattr(_localjoin, "_expand", expansion)
+    rng = np.random.default_rng(11)
+    for dtype in (np.int8, np.uint8, np.int16, np.int64, np.uint64):
+        info = np.iinfo(dtype)
+        for low in (int(info.min), int(info.max) - 90):
+            for gap in (1, 3):
+                keys = np.array([low + gap * i for i in range(30)], dtype)
+                b = rng.permutation(keys)[:20]   # a third of the range's keys absent
+                outside = np.array([info.min, info.max, low - 1 if low > info.min else info.max,
+                                    low + gap * 30], dtype)
+                a = rng.permutation(np.concatenate([rng.choice(keys, 60), outside,
+                                                    rng.integers(info.min, info.max, 10,
+                                                                 dtype=dtype, endpoint=True)]))
+                check(a, b)
+    for stride in (2, 3):  # one rank's keys under the modular partition: remainder r
+        for r in range(stride):
+            keys = np.arange(-40, 40) * stride + r
+            a = np.concatenate([rng.choice(keys, 50), [(-2**63 // stride + 1) * stride + r,
+                                                       (2**63 // stride - 1) * stride + r]])
+            check(rng.permutation(a), rng.permutation(keys)[:50], stride)
+    monkeypatch.undo()
+    a, b = np.array([1, 2, 3, 2]), np.array([2, 5, 2, 1])
+    li, ri = _localjoin.match(pa.array(a), pa.array(b), "left", identity=True)
+    assert li is not None and pairs((li, ri)) == [(0, 3), (1, 0), (1, 2), (2, -1), (3, 0),
+                                                  (3, 2)]
+
+
+def test_take_passes_identity_through_and_nulls_misses():
+    """``take`` of the identity (None) is the column itself, chunks and all; with misses (-1)
+    every type gets nulls there, strings without nulls by their bitmap alone."""
+    import numpy as np
+    import pyarrow as pa
+
+    from hetflow.frame import _localjoin
+
+    col = pa.chunked_array([[1, None], [3]])
+    assert _localjoin.take(col, None, False) is col
+    idx = np.array([2, -1, 0, 1, -1], np.int32)
+    for arr in (pa.array(["a", "bb", "ccc", "dddd"]).slice(1), pa.array(["x", None, "zz"]),
+                pa.array([b"a", b"b", b"c"], pa.large_binary()), pa.array([True, False, True]),
+                pa.array([1.5, None, 2.5]), pa.array([7, 8, 9], pa.int16()),
+                pa.array([[1], [2, 3], []])):
+        values = arr.to_pylist()
+        want = [values[i] if i >= 0 else None for i in idx.tolist()]
+        got = _localjoin.take(arr, idx, True)
+        got.validate(full=True)
+        assert got.type == arr.type and got.to_pylist() == want, arr.type
+    assert _localjoin.take(pa.array([], pa.string()), np.array([-1, -1]), True).to_pylist() == \
+        [None, None]
+
+
+UNIQUE_RIGHT_SCRIPT = r"""
+import numpy as np
+import pyarrow as pa
+from mpi4py import MPI
+from hetflow import frame
+from frame_cases import join_against_polars
+import mpiutil
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+failures, checked = [], 0
+
+def dim(seed, keys, r):
+    # rank r's share of a dimension table (every key once over the ranks), payloads with nulls
+    mine = keys[r::size]
+    rng = np.random.default_rng([seed, r])
+    n = len(mine)
+    return pa.table({"k": pa.array(mine, pa.int64()),
+                     "w": pa.array(rng.normal(size=n), mask=rng.random(n) < 0.2),
+                     "name": pa.array([f"d{x}" for x in mine], pa.string(),
+                                      mask=rng.random(n) < 0.2)})
+
+def facts(seed, r, keys, rows, empty):
+    # left keys from the right's and others (below, between, beyond), payloads with nulls
+    rng = np.random.default_rng([seed, r])
+    n = 0 if r in empty else rows
+    pool = np.concatenate([keys, keys + 1, [-5, -1, 10**13]])
+    return pa.table({"k": pa.array(rng.choice(pool, n), pa.int64()),
+                     "v": pa.array(rng.integers(-9, 9, n), mask=rng.random(n) < 0.2),
+                     "s": pa.array([f"s{i}" for i in range(n)], pa.string(),
+                                   mask=rng.random(n) < 0.2)})
+
+rng = np.random.default_rng(5)
+KEYS = {"dense": rng.permutation(40), "gapped": 5 * rng.permutation(60) + 3,
+        "wide": rng.choice(10**12, 50, replace=False)}
+# (right keys, left rows per rank, ranks holding no left rows): right sides far smaller than
+# the left are sent to every rank at 2 ranks, larger ones are shuffled
+CASES = [("dense", 300, ()), ("gapped", 300, (size - 1,)), ("wide", 300, ()),
+         ("dense", 8, ()), ("gapped", 8, (0,))]
+for i, (kind, rows, empty) in enumerate(CASES):
+    keys = KEYS[kind]
+    for how in ("inner", "left", "right", "outer"):
+        L = [facts(i, r, keys, rows, empty) for r in range(size)]
+        R = [dim(i, keys, r) for r in range(size)]
+        problem = join_against_polars(comm, L, R, "k", how)
+        if rank == 0:
+            if problem:
+                failures.append(f"{kind} keys, {rows} left rows, empty {empty}, {how}: {problem}")
+            checked += 1
+# a left join on unique right keys keeps this rank's left columns as they are: no copy
+L, R = facts(9, rank, KEYS["dense"], 300, ()), dim(9, KEYS["dense"], rank)
+out = frame.join(frame.from_local(comm, L), frame.from_local(comm, R), on="k", how="left").local
+kept = [out.column(c).chunk(0).buffers()[1].address == L.column(c).chunk(0).buffers()[1].address
+        for c in ("k", "v", "s")]
+if not all(kept):
+    failures.append(f"rank {rank}: the left columns were copied ({kept})")
+mpiutil.report({"failures": comm.gather(failures), "checked": checked})
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_join_on_unique_right_keys_matches_polars(ranks):
+    """Joins with a dimension table (every right key once: the one-lookup match, and a left
+    join that keeps the left columns uncopied): dense, gapped and wide-range right keys, left
+    keys absent from the right, nulls in the payloads, a rank without left rows, broadcast
+    and shuffled right sides; polars' result for all four join types."""
+    run = run_mpi(UNIQUE_RIGHT_SCRIPT, ranks, timeout=180)
+    reports = run.values(ranks)
+    assert reports[0]["checked"] == 5 * 4
+    failures = [f for per_rank in reports[0]["failures"] for f in per_rank]
+    assert failures == [], "\n".join(failures[:10])
