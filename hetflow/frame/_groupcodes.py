@@ -4,20 +4,20 @@ min, max, size) when every aggregated column is an integer or float one.
 Each key column is dictionary-encoded (a null key is an entry of its own), the keys' indices
 are combined into one integer per row (mixed radix: ``code = (i_1 * n_2 + i_2) * n_3 + ...``),
 and each aggregation is one NumPy scatter over those codes (``add.at``, ``minimum.at``,
-``maximum.at``; a column's null rows go to one extra slot, dropped): a pass over the rows
-each, into arrays as long as the codes' range. Arrow's hash aggregation looks every row's keys up in a hash table and then
-updates each aggregation's state row by row; with 100k-500k groups and a dozen aggregations
-those updates, not the keys, are most of its time. On one rank's 5M rows of the analytics
-workload (two measures with 5% nulls, sum/mean/count/min/max of each; one core, best of 3):
-100k string groups 0.23 s here against Arrow's 0.30, (cat, id_hi) 0.33 against 1.35, six
-keys 0.31 against 1.32; 100 string groups 0.15 against 0.125 (the string key's encoding,
-0.045 s, is most of the difference).
+``maximum.at``; a column's null rows go to one extra slot, dropped): a pass over the rows each,
+into arrays as long as the codes' range. Arrow's hash aggregation looks every row's keys up in
+a hash table and then updates each aggregation's state row by row; with 100k-500k groups and a
+dozen aggregations those updates, not the keys, are most of its time. On one rank's 5M rows of
+the analytics workload (two measures with 5% nulls, sum/mean/count/min/max of each; one core,
+best of 3): 100k string groups 0.23 s here against Arrow's 0.30, (cat, id_hi) 0.33 against
+1.35, six keys 0.31 against 1.32; 100 string groups 0.15 against 0.125 (the string key's
+encoding, 0.045 s, is most of the difference).
 
-When the codes' range is wider than about twice the rows (several high-cardinality keys),
-the combined codes are themselves dictionary-encoded into dense ones. Anything else (a
-floating column holding NaN, whose minimum Arrow takes over the other values; a
-non-numeric aggregated column; a range beyond 2**62) returns None, and the caller runs
-Arrow's hash aggregation, which gives the same results and types.
+When the codes' range is wider than about twice the rows (several high-cardinality keys), the
+combined codes are themselves dictionary-encoded into dense ones. Anything else (a floating
+column holding NaN, whose minimum Arrow takes over the other values; a non-numeric aggregated
+column; a range beyond 2**62) returns None, and the caller runs Arrow's hash aggregation, which
+gives the same results and types.
 """
 from __future__ import annotations
 
@@ -169,25 +169,30 @@ def aggregate(keys: Sequence[pa.Array], requests: Sequence[Request]) -> Optional
     for col, wanted in by_column.values():
         where, count = g.code, g.sizes
         if col.null_count:
+            invalid = ~_validity(col)
             if scratch is None:
                 scratch = np.empty_like(g.code)
             np.copyto(scratch, g.code)
-            scratch[~_validity(col)] = g.slots
+            scratch[invalid] = g.slots
             where = scratch
-            count = np.zeros(g.slots + 1, np.int64)
-            np.add.at(count, where, 1)
-            count = count[:g.slots]
+            nulls = np.zeros(g.slots, np.int64)   # a pass over the null rows only
+            np.add.at(nulls, g.code[invalid], 1)
+            count = g.sizes - nulls
+            del invalid, nulls
         values = None
+        done = {}   # a mean's sum and count are the column's sum and count: made once
         for name, func in wanted:
-            if func == "size":
-                result = from_values(pa.int64(), g.sizes)
-            elif func == "count":
-                result = from_values(pa.int64(), count)
-            else:
-                if values is None:
-                    values = _values(col)
-                result = _reduce(func, col.type, values, where, g.slots, count)
-            out[name] = result if g.present is None else result.take(arrow_of(g.present))
+            if func not in done:
+                if func == "size":
+                    result = from_values(pa.int64(), g.sizes)
+                elif func == "count":
+                    result = from_values(pa.int64(), count)
+                else:
+                    if values is None:
+                        values = _values(col)
+                    result = _reduce(func, col.type, values, where, g.slots, count)
+                done[func] = result if g.present is None else result.take(arrow_of(g.present))
+            out[name] = done[func]
     names = [f"__k{i}" for i in range(len(keys))] + [r[0] for r in requests]
     return pa.Table.from_arrays(g.keys + [out[r[0]] for r in requests], names=names)
 
