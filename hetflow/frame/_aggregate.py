@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import ConfigError, InputError
-from hetflow.frame import _arrays
+from hetflow.frame import _arrays, _groupcodes
 
 #: Aggregations whose per-rank results do not combine exactly: their values are shuffled.
 HOLISTIC = frozenset({"median", "quantile", "nunique"})
@@ -192,8 +192,8 @@ def holistic(planned: Sequence[Planned]) -> bool:
     return any(p.name in HOLISTIC for p in planned)
 
 
-#: Aggregations Arrow's hash aggregation computes, partials and merge both, grouping by the
-#: keys themselves (about twice as fast as numbering string keys by dictionary encoding).
+#: Aggregations computed, partials and merge both, by the dense-code kernel
+#: (:mod:`hetflow.frame._groupcodes`) on numeric columns, else by Arrow's hash aggregation.
 ARROW = frozenset({"sum", "count", "mean", "min", "max", "size"})
 
 
@@ -204,32 +204,38 @@ def arrow_only(planned: Sequence[Planned]) -> bool:
 def by_arrow(table: pa.Table, by: List[str], planned: Sequence[Planned], names: List[str],
              merging: bool) -> pa.Table:
     """Partial rows (keys, then the ``names`` columns laid out as :func:`part_names` says)
-    of :data:`ARROW` aggregations by one Arrow hash aggregation over the keys; ``merging``:
+    of :data:`ARROW` aggregations, by the dense-code kernel where it applies, else by one
+    Arrow hash aggregation over the keys; ``merging``:
     ``table`` holds such partial rows already (several per group), to be merged."""
-    source = pa.table([_zero(_arrays._single(table.column(k))) for k in by], names=list(by))
+    keys = [_zero(_arrays._single(table.column(k))) for k in by]
     requests, i = [], 0
+    columns: Dict[str, pa.Array] = {}  # one array per column: the kernels prepare each once
     for p in planned:
         for part in part_names(p):
             name = names[i]
             i += 1
             if merging:
-                col = table.column(name)
+                col = _arrays._single(table.column(name))
                 func = p.name if p.name in ("min", "max") else "sum"
             else:
-                col = table.column(p.column)
-                func = ("count" if part == "count" or p.name in ("count", "size")
+                col = columns.setdefault(p.column, _arrays._single(table.column(p.column)))
+                func = ("size" if p.name == "size" else
+                        "count" if part == "count" or p.name == "count"
                         else p.name if p.name in ("min", "max") else "sum")
-            source = source.append_column(name, col)
-            if not merging and p.name == "size":
-                requests.append((name, func, pc.CountOptions(mode="all")))
-            else:
-                requests.append((name, func))
+            requests.append((name, func, col))
+    out = _groupcodes.aggregate(keys, requests)
+    if out is not None:
+        return out.rename_columns(list(by) + names)
+    source = pa.table(keys + [col for _, _, col in requests],
+                      names=list(by) + [name for name, _, _ in requests])
+    arrow = [(name, "count", pc.CountOptions(mode="all")) if func == "size" else (name, func)
+             for name, func, _ in requests]
     try:
         grouped = source.group_by(list(by), use_threads=False)
     except TypeError:  # pyarrow < 12 (pycylon's environments): no use_threads
         grouped = source.group_by(list(by))
-    out = grouped.aggregate(requests)
-    return out.select(list(by) + [f"{r[0]}_{r[1]}" for r in requests]).rename_columns(
+    out = grouped.aggregate(arrow)
+    return out.select(list(by) + [f"{r[0]}_{r[1]}" for r in arrow]).rename_columns(
         list(by) + names)
 
 
