@@ -101,6 +101,10 @@ results["groupby"] = (got.backend, same_rows(got.local, exp.local))
 words = frame.from_local(comm, clean.local.select(["s"]))
 got, exp = words.unique(backend="pycylon"), words.unique(backend="cpu")
 results["unique"] = (got.backend, same_rows(got.local, exp.local))
+zeros = frame.from_local(comm, pa.table({"f": pa.array([-0.0, 0.0, float(rank)]),
+                                         "i": pa.array([1, 1, 2])}))
+got, exp = zeros.unique(backend="pycylon"), zeros.unique(backend="cpu")
+results["unique -0.0"] = (got.backend, same_rows(got.local, exp.local))
 got = frame.shuffle(left, "k", backend="pycylon")
 exp = frame.shuffle(left, "k", backend="cpu")
 results["shuffle"] = (got.backend, None if got.local.equals(exp.local) else "partitions differ")
@@ -133,6 +137,7 @@ FALLBACK_WORDS = {"semi join": ("semi join", "no semi or anti join"),
                   "join": ("join", "address of each value"),
                   "groupby": ("groupby", "address of each value"),
                   "unique": ("unique", "address of each value"),
+                  "unique -0.0": ("unique", "holds -0.0"),
                   "shuffle": ("shuffle", "Cylon's own hash"),
                   "join with a bool column": ("join", "'b' (bool): Cylon has no splitter"),
                   "sort with a large_string column": ("sort", "'ls' (large_string): Cylon has "

@@ -171,6 +171,20 @@ def _counts(comm, parts: Sequence[Tuple[pa.Table, Sequence[str]]]) -> List[Tuple
     return [(int(total[i]), int(total[i + 1])) for i in range(0, len(total), 2)]
 
 
+def _negative_zeros(comm, table: pa.Table, names: Sequence[str]) -> List[str]:
+    """The float columns among ``names`` holding -0.0 on any rank (collective)."""
+    local = []
+    for n in names:
+        col = table.column(n)
+        found = False
+        if pa.types.is_floating(col.type) and len(col):
+            v = np.asarray(pc.fill_null(col, 1.0).to_numpy(), dtype=np.float64)
+            found = bool((np.signbit(v) & (v == 0)).any())
+        local.append(int(found))
+    total = comm.allreduce(np.array(local, dtype=np.int64)) if local else []
+    return [n for n, k in zip(names, total) if k]
+
+
 def _on_cpu(op: str, why: str, run: Callable[[], DistributedTable]) -> DistributedTable:
     log.warning("hetflow.frame: %s ran on the CPU engine, not pycylon: %s", op, why)
     return run()
@@ -532,6 +546,11 @@ def unique(table: DistributedTable, names: List[str]) -> DistributedTable:
         raise NotSupported(f"unique on pycylon: column {', '.join(map(repr, bad))} holds nulls or "
                            "NaN; Cylon compares NaN with == (never a duplicate) and its null "
                            "hashing is unverified here; use backend='cpu'")
+    zeros = _negative_zeros(comm, table.local, schema.names)
+    if zeros:
+        return _on_cpu("unique", f"column {', '.join(map(repr, zeros))} holds -0.0: Cylon keeps "
+                       "-0.0 and 0.0 apart, the CPU engine (as polars) counts them one value",
+                       lambda: _unique_cpu(table, names))
     with _Session(comm) as s:
         def work() -> pa.Table:
             df = s.pycylon.DataFrame(_renamed(table.local, "c"))
