@@ -52,9 +52,22 @@ def fast_key_ok(lschema: pa.Schema, rschema: pa.Schema, lk, rk, how) -> bool:
     return not ((rk[0] != lk[0]) and (rk[0] in lnames or lk[0] in rnames))
 
 
+#: The most right rows whose string or binary key :func:`join` looks up with Arrow's
+#: ``index_in`` (one rank, 5M left rows, a left join: 10, 10k and 100k right rows faster than
+#: Arrow's join, 1M rows not).
+SET_LOOKUP_ROWS = 1 << 17
+
+
 def join(left: pa.Table, right: pa.Table, lk: Sequence[str], rk: Sequence[str], how: str,
          suffixes: Tuple[str, str]) -> pa.Table:
     """Local join of two tables (see the module docstring for the output's shape)."""
+    if (how in ("inner", "left") and right.num_rows <= SET_LOOKUP_ROWS
+            and binary_key_ok(left.schema, right.schema, lk, rk, how)):
+        keys = {"left": _single(left.column(lk[0])), "right": _single(right.column(rk[0]))}
+        found = match_unique_binary(keys["left"], keys["right"], how)
+        if found is not None:
+            return assemble(left.schema, right.schema, lk[0], rk[0], *found, how, suffixes,
+                            left.column, right.column, keys)
     if (not fast_key_ok(left.schema, right.schema, lk, rk, how)
             or left.column(lk[0]).null_count or right.column(rk[0]).null_count):
         return left.join(right, keys=list(lk), right_keys=list(rk),
@@ -485,6 +498,25 @@ def match_by_hash(left_hash: pa.Array, right_hash: pa.Array, left_key: pa.Array,
     return _with_unmatched(li, ri,
                            _unmatched(len(left_hash), li) if how in _KEEPS_LEFT else None,
                            _unmatched(len(right_hash), ri) if how in _KEEPS_RIGHT else None)
+
+
+def match_unique_binary(left_key: pa.Array, right_key: pa.Array, how: str):
+    """An inner or left join's pairs on a string or binary key whose right values are all
+    different (None where they are not), as :func:`match` gives them with ``identity``:
+    Arrow's set lookup (``index_in``) gives each left row its right row, null keys matching
+    nothing; no hashing of the left side into a join's table, no sort."""
+    if pc.count_distinct(right_key).as_py() != len(right_key) - right_key.null_count:
+        return None
+    found = pc.index_in(left_key, value_set=right_key, skip_nulls=True)
+    right_at = to_numpy(pc.fill_null(found, -1))
+    del found
+    if how == "left":
+        return None, right_at
+    hit = right_at >= 0
+    if hit.all():
+        return None, right_at
+    left_rows = np.flatnonzero(hit).astype(right_at.dtype)
+    return left_rows, gather(right_at, left_rows)
 
 
 def binary_equal_at(a: pa.Array, ai: np.ndarray, b: pa.Array, bi: np.ndarray) -> np.ndarray:
