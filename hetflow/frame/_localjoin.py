@@ -5,13 +5,18 @@ side's rows are ordered by key (the radix argsort) and counted per key in a dire
 table over the keys' range (:func:`_match_dense`), or over hash buckets of the keys when their
 range is wide (:func:`_match_hashed`, the pairs of different keys in a bucket then dropped);
 each left row reads its run of right rows there, and the output index pairs are expanded;
-NumPy then gathers the columns. A heavy key sharing its bucket with others goes to a sort-merge
-of both sides (:func:`_match_sorted`). On one core this is several times faster than Arrow's
-hash join. One string or binary key is matched the same way through its 64-bit hash, the
-matched pairs' keys then compared (:func:`match_by_hash`). Every other case (floats, several
-keys, nulls in an integer key) runs Arrow's hash join (``Table.join``). Both give the same
-rows, columns and names: the left columns, then the right non-key columns, colliding names
-suffixed, keys coalesced under the left names; row order is unspecified.
+NumPy then gathers the columns. Where every right key occurs once (a dimension table) the
+table holds each key's right row instead and no run is expanded (:func:`_match_unique`); a
+left join's left rows are then all of them in order, and its left columns pass through
+uncopied (``identity`` in :func:`match`). A heavy key sharing its bucket with others goes to
+a sort-merge of both sides (:func:`_match_sorted`). On one core this is several times faster
+than Arrow's hash join. One string or binary key is matched the same way through its 64-bit
+hash, the matched pairs' keys then compared (:func:`match_by_hash`); locally, against a small
+right side with unique values, by Arrow's set lookup (:func:`match_unique_binary`). Every
+other case (floats, several keys, nulls in an integer key) runs Arrow's hash join
+(``Table.join``). Both give the same rows, columns and names: the left columns, then the right
+non-key columns, colliding names suffixed, keys coalesced under the left names; row order is
+unspecified.
 """
 from __future__ import annotations
 
