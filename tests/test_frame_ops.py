@@ -67,6 +67,17 @@ for seed in range(3):
     if rank == root and same_rows(g, whole(**kw)):
         failures.append("gather to last rank lost rows")
 
+# unique on a float key: -0.0 and 0.0 are one value (as in polars and the group-by), the first
+# occurrence in rank order kept
+def zeros(r):
+    f = [-0.0 if r % 2 else 0.0, 0.0, 1.5, None, -0.0, 2.5 * r][:2 + r * 2]
+    return pa.table({"f": pa.array(f, pa.float64()), "row": list(range(100 * r, 100 * r + len(f)))})
+got = frame.unique(frame.from_local(comm, zeros(rank)), "f").gather()
+if rank == 0:
+    exp = pl.from_arrow(pa.concat_tables([zeros(r) for r in range(size)])).unique(
+        "f", keep="first", maintain_order=True).to_arrow()
+    expect("unique -0.0 and 0.0", got, exp)
+
 # exchange formats: mixed-width fixed columns travel as raw buffers, a rank with nulls as IPC
 def mixed(r):
     rng = np.random.default_rng([3, r])
@@ -188,7 +199,7 @@ def test_ops_match_polars(ranks, tmp_path):
     assert "Warning" not in run.stderr, run.stderr
     for r in reports:
         assert r["failures"] == [], "\n".join(r["failures"][:10])
-    assert reports[0]["checked"] == 3 * 3 + 2 + 3
+    assert reports[0]["checked"] == 3 * 3 + 1 + 2 + 3
 
 
 FAULTS = r"""
