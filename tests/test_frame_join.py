@@ -452,6 +452,35 @@ def test_unique_right_keys_match_by_one_lookup(monkeypatch):
                                                   (3, 2)]
 
 
+def test_unique_string_keys_are_looked_up_in_the_right_values():
+    """A string or binary key with all right values different: each left row's right row by
+    Arrow's set lookup, a null key on either side matching nothing, in left order (a left
+    join's left rows as they are); a repeated right value hands the join back (None)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from hetflow.frame import _localjoin
+
+    rng = np.random.default_rng(4)
+    words = ["", "a", "ab", "abcdefghi", "Ünïcode", "a\x00", "b"]
+    for typ in (pa.string(), pa.large_binary()):
+        enc = (lambda v: v) if typ == pa.string() else (lambda v: [x.encode() for x in v])
+        right = pa.array(enc(["ab", "", "Ünïcode", "b", "b", "zz"]), typ,
+                         mask=np.array([0, 0, 0, 1, 0, 1], bool)).slice(1)  # 2 nulls, no repeat
+        left = pa.array(enc(list(rng.choice(words, 200))), typ, mask=rng.random(200) < 0.1)
+        rv = right.to_pylist()
+        want = [rv.index(x) if x is not None and x in rv else -1 for x in left.to_pylist()]
+        hits = [i for i, r in enumerate(want) if r >= 0]
+        li, ri = _localjoin.match_unique_binary(left, right, "left")
+        assert li is None and ri.tolist() == want
+        li, ri = _localjoin.match_unique_binary(left, right, "inner")
+        assert li.tolist() == hits and ri.tolist() == [want[i] for i in hits]
+        li, ri = _localjoin.match_unique_binary(left.take(hits), right, "inner")
+        assert li is None and ri.tolist() == [want[i] for i in hits]
+        assert _localjoin.match_unique_binary(left, right.slice(1).take([0, 1, 0]), "left") \
+            is None
+
+
 def test_take_passes_identity_through_and_nulls_misses():
     """``take`` of the identity (None) is the column itself, chunks and all; with misses (-1)
     every type gets nulls there, strings without nulls by their bitmap alone."""
@@ -493,7 +522,7 @@ def dim(seed, keys, r):
     mine = keys[r::size]
     rng = np.random.default_rng([seed, r])
     n = len(mine)
-    return pa.table({"k": pa.array(mine, pa.int64()),
+    return pa.table({"k": pa.array(mine, pa.int64()), "ks": pa.array([f"key{x}" for x in mine]),
                      "w": pa.array(rng.normal(size=n), mask=rng.random(n) < 0.2),
                      "name": pa.array([f"d{x}" for x in mine], pa.string(),
                                       mask=rng.random(n) < 0.2)})
@@ -503,7 +532,9 @@ def facts(seed, r, keys, rows, empty):
     rng = np.random.default_rng([seed, r])
     n = 0 if r in empty else rows
     pool = np.concatenate([keys, keys + 1, [-5, -1, 10**13]])
-    return pa.table({"k": pa.array(rng.choice(pool, n), pa.int64()),
+    k = rng.choice(pool, n)
+    ks = pa.array([f"key{x}" for x in k], pa.string(), mask=rng.random(n) < 0.1)
+    return pa.table({"k": pa.array(k, pa.int64()), "ks": ks,
                      "v": pa.array(rng.integers(-9, 9, n), mask=rng.random(n) < 0.2),
                      "s": pa.array([f"s{i}" for i in range(n)], pa.string(),
                                    mask=rng.random(n) < 0.2)})
@@ -513,25 +544,32 @@ KEYS = {"dense": rng.permutation(40), "gapped": 5 * rng.permutation(60) + 3,
         "wide": rng.choice(10**12, 50, replace=False)}
 # (right keys, left rows per rank, ranks holding no left rows): right sides far smaller than
 # the left are sent to every rank at 2 ranks, larger ones are shuffled
-CASES = [("dense", 300, ()), ("gapped", 300, (size - 1,)), ("wide", 300, ()),
-         ("dense", 8, ()), ("gapped", 8, (0,))]
-for i, (kind, rows, empty) in enumerate(CASES):
+# (the string key "ks": nulls on the left, looked up in the broadcast right side's values)
+CASES = [("dense", 300, (), "k"), ("gapped", 300, (size - 1,), "k"), ("wide", 300, (), "k"),
+         ("dense", 8, (), "k"), ("gapped", 8, (0,), "k"), ("dense", 300, (), "ks"),
+         ("gapped", 300, (0,), "ks")]
+for i, (kind, rows, empty, on) in enumerate(CASES):
     keys = KEYS[kind]
     for how in ("inner", "left", "right", "outer"):
-        L = [facts(i, r, keys, rows, empty) for r in range(size)]
-        R = [dim(i, keys, r) for r in range(size)]
-        problem = join_against_polars(comm, L, R, "k", how)
+        L = [facts(i, r, keys, rows, empty).drop_columns(["ks" if on == "k" else "k"])
+             for r in range(size)]
+        R = [dim(i, keys, r).drop_columns(["ks" if on == "k" else "k"]) for r in range(size)]
+        problem = join_against_polars(comm, L, R, on, how)
         if rank == 0:
             if problem:
-                failures.append(f"{kind} keys, {rows} left rows, empty {empty}, {how}: {problem}")
+                failures.append(f"{kind} keys {on}, {rows} left rows, empty {empty}, {how}: "
+                                f"{problem}")
             checked += 1
-# a left join on unique right keys keeps this rank's left columns as they are: no copy
-L, R = facts(9, rank, KEYS["dense"], 300, ()), dim(9, KEYS["dense"], rank)
-out = frame.join(frame.from_local(comm, L), frame.from_local(comm, R), on="k", how="left").local
-kept = [out.column(c).chunk(0).buffers()[1].address == L.column(c).chunk(0).buffers()[1].address
-        for c in ("k", "v", "s")]
-if not all(kept):
-    failures.append(f"rank {rank}: the left columns were copied ({kept})")
+# a left join on unique right keys keeps this rank's left columns as they are: no copy (for
+# the string key where the right side is broadcast)
+for on in ("k", "ks") if size > 1 else ("k",):
+    L, R = facts(9, rank, KEYS["dense"], 300, ()), dim(9, KEYS["dense"], rank)
+    out = frame.join(frame.from_local(comm, L), frame.from_local(comm, R), on=on,
+                     how="left", suffixes=("", "_right")).local
+    kept = [out.column(c).chunk(0).buffers()[1].address ==
+            L.column(c).chunk(0).buffers()[1].address for c in ("k", "ks", "v", "s")]
+    if not all(kept):
+        failures.append(f"rank {rank}, on {on}: the left columns were copied ({kept})")
 mpiutil.report({"failures": comm.gather(failures), "checked": checked})
 """
 
@@ -539,11 +577,12 @@ mpiutil.report({"failures": comm.gather(failures), "checked": checked})
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_join_on_unique_right_keys_matches_polars(ranks):
     """Joins with a dimension table (every right key once: the one-lookup match, and a left
-    join that keeps the left columns uncopied): dense, gapped and wide-range right keys, left
-    keys absent from the right, nulls in the payloads, a rank without left rows, broadcast
-    and shuffled right sides; polars' result for all four join types."""
+    join that keeps the left columns uncopied): dense, gapped and wide-range integer right
+    keys and a string key, left keys absent from the right, nulls in the payloads and the
+    left's string key, a rank without left rows, broadcast and shuffled right sides; polars'
+    result for all four join types."""
     run = run_mpi(UNIQUE_RIGHT_SCRIPT, ranks, timeout=180)
     reports = run.values(ranks)
-    assert reports[0]["checked"] == 5 * 4
+    assert reports[0]["checked"] == 7 * 4
     failures = [f for per_rank in reports[0]["failures"] for f in per_rank]
     assert failures == [], "\n".join(failures[:10])
