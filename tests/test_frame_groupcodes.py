@@ -1,7 +1,8 @@
 """frame._groupcodes, the dense-code group-by kernel, against Arrow's hash aggregation on one
 process: the same groups, values, nulls and types for every key type it encodes (nulls, NaN,
 -0.0), every way it numbers the groups (every slot used, a few slots used, mostly used, the
-combined codes re-encoded, 64-bit codes), and None where it does not apply."""
+combined codes re-encoded, 64-bit codes), by slices of rows and whole, and None where it does
+not apply."""
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -62,8 +63,13 @@ def string_key(rng, n, card, null_rate=0.1):
                     mask=rng.random(n) < null_rate)
 
 
+@pytest.mark.parametrize("slice_rows, sliced_groups", [(_groupcodes.SLICE, _groupcodes.SLICED_GROUPS),
+                                                       (7, 1 << 20), (7, 0)])
 @pytest.mark.parametrize("n", [1, 7, 2000])
-def test_every_key_type_with_nulls(n):
+def test_every_key_type_with_nulls(n, slice_rows, sliced_groups, monkeypatch):
+    # the reductions by slices of rows (several, with a short last one), and whole
+    monkeypatch.setattr(_groupcodes, "SLICE", slice_rows)
+    monkeypatch.setattr(_groupcodes, "SLICED_GROUPS", sliced_groups)
     rng = np.random.default_rng(n)
     fk = np.round(rng.normal(size=n))
     fk[rng.random(n) < 0.1] = np.nan

@@ -150,6 +150,16 @@ def _validity(col: pa.Array) -> np.ndarray:
                          bitorder="little")[valid.offset:].view(bool)
 
 
+#: Rows per slice of the reductions: a slice's codes and values stay in cache through all
+#: of the reductions, instead of each reduction reading them from memory again. Only with up
+#: to :data:`SLICED_GROUPS` groups: with more, a slice's scatters over every accumulator at
+#: once evict each other (one rank's 5M analytics rows: 100 groups 0.118 s sliced against
+#: 0.134 whole, 100k 0.19 against 0.21, 500k 0.42 against 0.29).
+SLICE = 1 << 16
+SLICED_GROUPS = 1 << 17
+_UFUNC = {"sum": np.add, "min": np.minimum, "max": np.maximum}
+
+
 def aggregate(keys: Sequence[pa.Array], requests: Sequence[Request]) -> Optional[pa.Table]:
     """The groups' keys then one column per request (named by it), or None where this kernel
     does not apply (see the module docstring)."""
@@ -159,61 +169,64 @@ def aggregate(keys: Sequence[pa.Array], requests: Sequence[Request]) -> Optional
     g = codes(keys)
     if g is None:
         return None
-    out = {}
-    scratch = None
-    # column by column: a column with nulls sends its null rows to one slot past the groups
-    # (``g.slots``), in a copy of the codes made once and reused by the next such column
     by_column = {}
     for name, func, col in requests:
         by_column.setdefault(id(col), (col, []))[1].append((name, func))
+    # per column: its values, its null rows (sent to one slot past the groups, ``g.slots``),
+    # its non-null count per group, and an accumulator per reduction (a mean's sum and count
+    # are the column's sum and count: made once)
+    plans = []
     for col, wanted in by_column.values():
-        where, count = g.code, g.sizes
+        invalid, count = None, g.sizes
         if col.null_count:
             invalid = ~_validity(col)
-            if scratch is None:
-                scratch = np.empty_like(g.code)
-            np.copyto(scratch, g.code)
-            scratch[invalid] = g.slots
-            where = scratch
             nulls = np.zeros(g.slots, np.int64)   # a pass over the null rows only
             np.add.at(nulls, g.code[invalid], 1)
             count = g.sizes - nulls
-            del invalid, nulls
-        values = None
-        done = {}   # a mean's sum and count are the column's sum and count: made once
+        funcs = [f for f in dict.fromkeys(f for _, f in wanted) if f in _UFUNC]
+        values = _values(col) if funcs else None
+        accs = {f: _start(f, values.dtype, g.slots) for f in funcs}
+        plans.append((col, wanted, values, invalid, count, accs))
+    n = len(g.code)
+    step = SLICE if g.slots <= SLICED_GROUPS else n
+    scratch = np.empty(min(step, n), g.code.dtype)
+    for i in range(0, n, step):
+        code = g.code[i:i + step]
+        for _, _, values, invalid, _, accs in plans:
+            if not accs:
+                continue
+            where = code
+            if invalid is not None:
+                where = scratch[:len(code)]
+                np.copyto(where, code)
+                where[invalid[i:i + step]] = g.slots
+            v = values[i:i + step]
+            for f, acc in accs.items():
+                _UFUNC[f].at(acc, where, v)
+    out = {}
+    for col, wanted, _, _, count, accs in plans:
+        valid = None if count.all() else count > 0
         for name, func in wanted:
-            if func not in done:
-                if func == "size":
-                    result = from_values(pa.int64(), g.sizes)
-                elif func == "count":
-                    result = from_values(pa.int64(), count)
-                else:
-                    if values is None:
-                        values = _values(col)
-                    result = _reduce(func, col.type, values, where, g.slots, count)
-                done[func] = result if g.present is None else result.take(arrow_of(g.present))
-            out[name] = done[func]
+            if func == "size":
+                result = from_values(pa.int64(), g.sizes)
+            elif func == "count":
+                result = from_values(pa.int64(), count)
+            else:
+                acc = accs[func]
+                out_type = col.type if func != "sum" else pa.from_numpy_dtype(acc.dtype)
+                result = from_values(out_type, acc[:g.slots], valid)
+            out[name] = result if g.present is None else result.take(arrow_of(g.present))
     names = [f"__k{i}" for i in range(len(keys))] + [r[0] for r in requests]
     return pa.Table.from_arrays(g.keys + [out[r[0]] for r in requests], names=names)
 
 
-def _reduce(func: str, t: pa.DataType, values: np.ndarray, where: np.ndarray, slots: int,
-            count: np.ndarray) -> pa.Array:
-    """One reduction of ``values`` into ``slots`` groups by ``where`` (slot ``slots``: the
-    null rows, dropped); null for a group without any non-null value."""
+def _start(func: str, dtype: np.dtype, slots: int) -> np.ndarray:
+    """A reduction's accumulator, one slot more than the groups (the null rows'): sums at 64
+    bits (int64, uint64, float64), minima and maxima at the column's own type."""
     if func == "sum":
-        wide = (np.float64 if values.dtype.kind == "f" else
-                np.uint64 if values.dtype.kind == "u" else np.int64)
-        acc = np.zeros(slots + 1, wide)
-        np.add.at(acc, where, values)
-        out_type = pa.from_numpy_dtype(np.dtype(wide))
-    else:
-        if values.dtype.kind == "f":
-            start = np.inf if func == "min" else -np.inf
-        else:
-            info = np.iinfo(values.dtype)
-            start = info.max if func == "min" else info.min
-        acc = np.full(slots + 1, start, values.dtype)
-        (np.minimum if func == "min" else np.maximum).at(acc, where, values)
-        out_type = t
-    return from_values(out_type, acc[:slots], None if count.all() else count > 0)
+        wide = (np.float64 if dtype.kind == "f" else np.uint64 if dtype.kind == "u" else np.int64)
+        return np.zeros(slots + 1, wide)
+    if dtype.kind == "f":
+        return np.full(slots + 1, np.inf if func == "min" else -np.inf, dtype)
+    info = np.iinfo(dtype)
+    return np.full(slots + 1, info.max if func == "min" else info.min, dtype)
