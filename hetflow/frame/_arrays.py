@@ -74,8 +74,13 @@ def from_values(t: pa.DataType, values: np.ndarray, valid: Optional[np.ndarray] 
     where False)."""
     bitmap = None
     if valid is not None and not valid.all():
-        bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        bitmap = validity_bitmap(valid)
     return pa.Array.from_buffers(t, len(values), [bitmap, pa.py_buffer(values)])
+
+
+def validity_bitmap(valid: np.ndarray) -> pa.Buffer:
+    """Arrow's validity bitmap (LSB first) of a bool mask."""
+    return pa.py_buffer(np.packbits(valid, bitorder="little"))
 
 
 def arrow_of(values: np.ndarray) -> pa.Array:

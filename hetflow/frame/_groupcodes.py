@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hetflow.frame._arrays import _single, arrow_of, from_values
+from hetflow.frame._arrays import _numpy_dtype, _single, arrow_of, from_values, to_numpy
 
 #: One requested reduction: (output name, function, column); functions are Arrow's names:
 #: ``sum``, ``min``, ``max``, ``count`` (non-null values) and ``size`` (rows). Requests on
@@ -46,16 +46,15 @@ def _encodable(t: pa.DataType) -> bool:
             or (pa.types.is_temporal(t) and not pa.types.is_interval(t)))
 
 
-def _numeric_ok(col: pa.Array, func: str) -> bool:
-    """Whether a column's reduction can run here with Arrow's results."""
-    if func in ("count", "size"):
-        return True
+def _reducible(col: pa.Array, funcs) -> bool:
+    """Whether a column's reductions ``funcs`` can run here with Arrow's results."""
+    needs = set(funcs) - {"count", "size"}
     t = col.type
-    if pa.types.is_integer(t):
+    if not needs or pa.types.is_integer(t):
         return True
     if pa.types.is_floating(t) and t.bit_width in (32, 64):
         # Arrow's min/max skip NaN (unless every value is NaN): not a NumPy ufunc's rule
-        return func == "sum" or not pc.any(pc.is_nan(col)).as_py()
+        return not needs & {"min", "max"} or not pc.any(pc.is_nan(col)).as_py()
     return False
 
 
@@ -135,19 +134,9 @@ def codes(keys: Sequence[pa.Array]) -> Optional[Codes]:
 
 def _values(col: pa.Array) -> np.ndarray:
     """A column's value buffer, zero-copy (whatever the null slots hold)."""
-    t = col.type
-    dtype = np.dtype(f"{'f' if pa.types.is_floating(t) else 'u' if pa.types.is_unsigned_integer(t) else 'i'}"
-                     f"{t.bit_width // 8}")
+    dtype = _numpy_dtype(col.type)
     return np.frombuffer(col.buffers()[1], dtype, count=len(col),
                          offset=col.offset * dtype.itemsize)
-
-
-def _validity(col: pa.Array) -> np.ndarray:
-    """A column's validity as a bool array."""
-    valid = col.is_valid()
-    bits = np.frombuffer(valid.buffers()[1], np.uint8)
-    return np.unpackbits(bits, count=valid.offset + len(col),
-                         bitorder="little")[valid.offset:].view(bool)
 
 
 #: Rows per slice of the reductions: a slice's codes and values stay in cache through all
@@ -164,14 +153,14 @@ def aggregate(keys: Sequence[pa.Array], requests: Sequence[Request]) -> Optional
     """The groups' keys then one column per request (named by it), or None where this kernel
     does not apply (see the module docstring)."""
     keys = [_single(k) for k in keys]
-    if not all(_numeric_ok(col, func) for _, func, col in requests):
+    by_column = {}
+    for name, func, col in requests:
+        by_column.setdefault(id(col), (col, []))[1].append((name, func))
+    if not all(_reducible(col, [f for _, f in wanted]) for col, wanted in by_column.values()):
         return None
     g = codes(keys)
     if g is None:
         return None
-    by_column = {}
-    for name, func, col in requests:
-        by_column.setdefault(id(col), (col, []))[1].append((name, func))
     # per column: its values, its null rows (sent to one slot past the groups, ``g.slots``),
     # its non-null count per group, and an accumulator per reduction (a mean's sum and count
     # are the column's sum and count: made once)
@@ -179,7 +168,7 @@ def aggregate(keys: Sequence[pa.Array], requests: Sequence[Request]) -> Optional
     for col, wanted in by_column.values():
         invalid, count = None, g.sizes
         if col.null_count:
-            invalid = ~_validity(col)
+            invalid = ~to_numpy(col.is_valid())
             nulls = np.zeros(g.slots, np.int64)   # a pass over the null rows only
             np.add.at(nulls, g.code[invalid], 1)
             count = g.sizes - nulls
