@@ -34,9 +34,16 @@ def plain_values(col) -> Optional[np.ndarray]:
     """A zero-copy NumPy view (unsigned ints of the type's width) of a null-free fixed-width
     column, or None when the column has nulls or is not fixed-width."""
     arr = _single(col)
-    w = _raw_width(arr.type)
-    if w is None or arr.null_count:
+    if _raw_width(arr.type) is None or arr.null_count:
         return None
+    return value_buffer(arr)
+
+
+def value_buffer(col) -> np.ndarray:
+    """A zero-copy NumPy view (unsigned ints of the type's width) of a fixed-width column's
+    value buffer, whatever its null slots hold."""
+    arr = _single(col)
+    w = _raw_width(arr.type)
     if len(arr) == 0:
         return np.empty(0, np.dtype(f"u{w}"))
     return np.frombuffer(arr.buffers()[1], np.dtype(f"u{w}"), count=len(arr),

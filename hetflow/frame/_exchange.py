@@ -26,7 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 from hetflow.frame._arrays import (_raw_width, _single, arrow_of, destination_dtype, empty,
-                                   from_values, plain_values, take_into, to_numpy)
+                                   from_values, plain_values, take_into, to_numpy,
+                                   value_buffer)
 from hetflow.frame._backend import libc_function
 from hetflow.frame._phases import phase
 
@@ -281,12 +282,7 @@ class RowExchange:
         slot holds) and its validity as one byte a row, each moved as a plain column, instead
         of Arrow IPC streams (a take per destination, the stream's copy, a take of the own rows
         and a concatenation)."""
-        w = _raw_width(arr.type)
-        if len(arr):
-            values = np.frombuffer(arr.buffers()[1], np.dtype(f"u{w}"), count=len(arr),
-                                   offset=arr.offset * w)
-        else:
-            values = np.empty(0, np.dtype(f"u{w}"))
+        values = value_buffer(arr)
         valid = (to_numpy(arr.is_valid()) if arr.null_count else np.ones(len(arr), bool))
         got = self._plain_values(values)
         got_valid = self._plain_values(valid.view(np.uint8)).view(bool)

@@ -28,7 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hetflow.frame._arrays import _numpy_dtype, _single, arrow_of, from_values, to_numpy
+from hetflow.frame._arrays import (_numpy_dtype, _single, arrow_of, from_values, to_numpy,
+                                   value_buffer)
 
 #: One requested reduction: (output name, function, column); functions are Arrow's names:
 #: ``sum``, ``min``, ``max``, ``count`` (non-null values) and ``size`` (rows). Requests on
@@ -87,8 +88,7 @@ def codes(keys: Sequence[pa.Array]) -> Optional[Codes]:
         m = len(enc.dictionary)
         if span * m >= _LIMIT:
             return None
-        idx = np.frombuffer(enc.indices.buffers()[1], np.int32, count=n,
-                            offset=enc.indices.offset * 4)
+        idx = to_numpy(enc.indices)   # int32, null-free (a null is an entry): a view
         if code is None:
             code = idx
         else:
@@ -103,9 +103,8 @@ def codes(keys: Sequence[pa.Array]) -> Optional[Codes]:
     group_code = None
     if span > 2 * n + 4096:
         enc = pc.dictionary_encode(arrow_of(code))
-        group_code = np.frombuffer(enc.dictionary.buffers()[1], code.dtype,
-                                   count=len(enc.dictionary)).astype(np.int64)
-        code = np.frombuffer(enc.indices.buffers()[1], np.int32, count=n)
+        group_code = to_numpy(enc.dictionary)
+        code = to_numpy(enc.indices)
         span = len(group_code)
     sizes = np.zeros(span + 1, np.int64)  # one slot more: the null values' (see aggregate)
     np.add.at(sizes, code, 1)
@@ -130,13 +129,6 @@ def codes(keys: Sequence[pa.Array]) -> Optional[Codes]:
         key_columns.append(dictionary.take(arrow_of(rest % m)))
         rest //= m
     return Codes(code, span, sizes, present, key_columns[::-1])
-
-
-def _values(col: pa.Array) -> np.ndarray:
-    """A column's value buffer, zero-copy (whatever the null slots hold)."""
-    dtype = _numpy_dtype(col.type)
-    return np.frombuffer(col.buffers()[1], dtype, count=len(col),
-                         offset=col.offset * dtype.itemsize)
 
 
 #: Rows per slice of the reductions: a slice's codes and values stay in cache through all
@@ -173,7 +165,7 @@ def aggregate(keys: Sequence[pa.Array], requests: Sequence[Request]) -> Optional
             np.add.at(nulls, g.code[invalid], 1)
             count = g.sizes - nulls
         funcs = [f for f in dict.fromkeys(f for _, f in wanted) if f in _UFUNC]
-        values = _values(col) if funcs else None
+        values = value_buffer(col).view(_numpy_dtype(col.type)) if funcs else None
         accs = {f: _start(f, values.dtype, g.slots) for f in funcs}
         plans.append((col, wanted, values, invalid, count, accs))
     n = len(g.code)
