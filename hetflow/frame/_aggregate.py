@@ -207,7 +207,7 @@ def by_arrow(table: pa.Table, by: List[str], planned: Sequence[Planned], names: 
     of :data:`ARROW` aggregations, by the dense-code kernel where it applies, else by one
     Arrow hash aggregation over the keys; ``merging``:
     ``table`` holds such partial rows already (several per group), to be merged."""
-    keys = [_zero(_arrays._single(table.column(k))) for k in by]
+    keys = [_arrays.unsigned_zero(_arrays._single(table.column(k))) for k in by]
     requests, i = [], 0
     columns: Dict[str, pa.Array] = {}  # one array per column: the kernels prepare each once
     for p in planned:
@@ -260,17 +260,10 @@ class Groups:
         return self._last
 
 
-def _zero(col: pa.Array) -> pa.Array:
-    """-0.0 and 0.0 are one group, as in polars (adding 0.0 turns -0.0 into 0.0 only)."""
-    if pa.types.is_floating(col.type):
-        return pc.add(col, pa.scalar(0.0, col.type))
-    return col
-
-
 def _canonical(col: pa.Array) -> pa.Array:
     """The values as dictionary encoding numbers them: -0.0 as 0.0, dictionaries decoded."""
     if pa.types.is_floating(col.type):
-        return _zero(col)
+        return _arrays.unsigned_zero(col)
     if pa.types.is_dictionary(col.type):
         return _canonical(col.cast(col.type.value_type))
     return col

@@ -11,6 +11,7 @@ from typing import Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from hetflow.frame._backend import MMAP_THRESHOLD, libc_function
 
@@ -37,6 +38,14 @@ def plain_values(col) -> Optional[np.ndarray]:
     if _raw_width(arr.type) is None or arr.null_count:
         return None
     return value_buffer(arr)
+
+
+def unsigned_zero(col: pa.Array) -> pa.Array:
+    """A float column with -0.0 made 0.0 (adding 0.0 changes nothing else), so that the two
+    are one key, as in polars; any other column as it is."""
+    if pa.types.is_floating(col.type):
+        return pc.add(col, pa.scalar(0.0, col.type))
+    return col
 
 
 def value_buffer(col) -> np.ndarray:

@@ -13,7 +13,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
 from hetflow.frame import _arrays, _backend, _broadcast, _check, _exchange, _hash, _localjoin
@@ -275,6 +274,5 @@ def canonical_zero(table: pa.Table, keys: Sequence[str]) -> pa.Table:
     for name in keys:
         i = table.schema.get_field_index(name)
         if pa.types.is_floating(table.schema.field(i).type):
-            col = table.column(i)
-            table = table.set_column(i, name, pc.add(col, pa.scalar(0.0, col.type)))
+            table = table.set_column(i, name, _arrays.unsigned_zero(table.column(i)))
     return table
