@@ -33,7 +33,7 @@ _LAZY = {
     "task_times": "hetflow.tasks", "TaskTimes": "hetflow.tasks", "TaskState": "hetflow.tasks",
     "cancel": "hetflow.tasks", "task_state": "hetflow.tasks", "task_output": "hetflow.tasks",
     "keep": "hetflow.resident", "Resident": "hetflow.resident", "TableHandle": "hetflow.tables",
-    "InvalidResourceSpec": "hetflow.executors.kernel",
+    "InvalidResourceSpec": "hetflow.executors.kernel", "DependencyFailed": "hetflow._chained",
 }
 
 __all__ = sorted(_LAZY)
