@@ -12,7 +12,8 @@ between runs side by side):
   (its DataFlowKernel), what is left of hetflow's when it is subtracted;
 - ``htex``: Parsl's HighThroughputExecutor (non-MPI), a no-op ``python_app``.
 
-``threads`` and ``htex`` run no MPI: they are listed under 1 rank only. ``window`` > 0 keeps
+``threads`` and ``htex`` run no MPI: ``threads`` runs beside the pool in every case (its
+``ranks`` only says which pool case it ran beside), ``htex`` in the 1-rank cases. ``window`` > 0 keeps
 at most that many tasks queued (a steady stream: the client's memory must stay flat);
 ``hetflow bench soak`` is the 100,000-task run. The module registers its runner and report
 section with :mod:`~hetflow.experiments.runner` and :mod:`~hetflow.experiments.report`
@@ -128,15 +129,25 @@ def measure(submit, n: int, window: int = 0) -> dict:
 
 
 def _cases(cfg) -> List[tuple]:
+    """``(tasks, slots, ranks, runtimes)``; a runtime capped by ``task_limits`` below the
+    smallest count runs once, at its cap (mpirun: one mpiexec per task)."""
     limits = dict(cfg.task_limits)
     cases = []
-    for n in cfg.queued:
-        for slots in cfg.slots:
-            for ranks in cfg.ranks:
-                names = [e for e in cfg.executors if ranks <= slots and n <= limits.get(e, n)
-                         and (ranks == 1 or e not in NON_MPI)]
+    for slots in cfg.slots:
+        for ranks in cfg.ranks:
+            if ranks > slots:
+                continue
+            for n in sorted(cfg.queued):
+                names = [e for e in cfg.executors if n <= limits.get(e, n)
+                         and (ranks == 1 or e != "htex")]
                 if names:
                     cases.append((n, slots, ranks, names))
+            capped = sorted({limits[e] for e in cfg.executors if e in limits
+                             and limits[e] < min(cfg.queued)})
+            for n in capped:
+                names = [e for e in cfg.executors if limits.get(e) == n
+                         and (ranks == 1 or e != "htex")]
+                cases += [(n, slots, ranks, names)] if names else []
     return cases
 
 
@@ -183,7 +194,8 @@ def section(run, rows, out_dir, stem):
         body.append([f"{n:,}", str(ranks), str(slots), *cells, left])
     lines = ["Tasks/s, N no-op tasks submitted at once (median [min–max] over repeats, n); "
              "`threads`/`htex` are Parsl's own executors running a no-op `python_app` "
-             "(no MPI), shown at 1 rank. Last column: ms per task the pool spends beyond "
+             "(no MPI; `threads` ran beside the pool in each case, `htex` in the 1-rank "
+             "ones). Last column: ms per task the pool spends beyond "
              "Parsl's own (1/pool − 1/threads).", ""]
     lines += report._table(["tasks", "ranks", "slots", *execs, "pool − Parsl ms/task"], body)
     lost = sum(r.get("lost", 0) for r in points)
@@ -204,8 +216,7 @@ def _plot(points, execs, out_dir, stem) -> List[str]:
         ranks, slots = key
         for executor in execs:
             mine = [r for r in points if r["executor"] == executor
-                    and (r["slots"], r["ranks"]) == (slots, ranks if executor not in NON_MPI
-                                                     else 1)]
+                    and (r["slots"], r["ranks"]) == (slots, ranks)]
             by_n = report._group(mine, "queued")
             xs = sorted(n for (n,) in by_n)
             if xs:

@@ -6,6 +6,7 @@ queue (as the one before did: every waiting task, on every freed slot) looks at 
 of them per decision here and fails.
 """
 import gc
+import time
 import weakref
 from collections import deque
 
@@ -164,3 +165,26 @@ def test_a_delivered_tasks_bookkeeping_is_freed(tmp_path):
         alive = [t for t in tasks if t() is not None]
         # The last few may still sit in a thread's locals (Parsl's) until its next round.
         assert len(alive) <= 4, f"{len(alive)} of {len(tasks)} delivered tasks still referenced"
+
+
+def test_cancelled_deadlines_do_not_pile_up():
+    # A walltime per task: each delivered task cancels its deadline; the watch must not keep
+    # them (and the tasks their actions name) until the hour they would have passed.
+    from hetflow.executors.watch import Watch
+
+    watch = Watch("test-watch")
+    try:
+        for _ in range(10):
+            deadlines = [watch.after(3600, lambda: None) for _ in range(1000)]
+            for deadline in deadlines:
+                deadline.cancel()
+        assert len(watch._heap) <= 200, len(watch._heap)
+        fired = []
+        watch.after(0, lambda: fired.append(1))
+        for _ in range(500):
+            if fired:
+                break
+            time.sleep(0.01)
+        assert fired == [1]
+    finally:
+        watch.close()
