@@ -16,8 +16,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import pyarrow as pa
 
-from hetflow.frame import _aggregate, _arrays, _check
+from hetflow.frame import _aggregate, _arrays, _check, _cylon_rules, _pycylon
 from hetflow.frame._aggregate import Agg, Planned
+from hetflow.frame._agreement import step
 from hetflow.frame._prepare import prepare, require_table
 from hetflow.frame._shuffle import shuffle_local
 from hetflow.frame._table import DistributedTable
@@ -53,10 +54,13 @@ class GroupBy:
             _check.check_columns(t.local.schema, [p.column for p in planned], "groupby.agg")
             _aggregate.check_types(t.local.schema, planned)
 
-        prep = prepare("groupby", [t], [self.by], backend=backend, check=check)
+        prep = prepare("groupby", [t], [self.by], backend=backend, check=check,
+                       cylon=lambda: _cylon_rules.groupby(t.comm.Get_size(), t.local, self.by,
+                                                          planned))
         if prep.pycylon:
-            from hetflow.frame import _pycylon
-            return _legacy(_pycylon.groupby_agg(t, self.by, planned), planned, legacy_names)
+            out = _pycylon.groupby_agg(t.comm, t.local, self.by, planned,
+                                       result_schema(t.local.schema, self.by, planned))
+            return _legacy(prep.result(out, backend="pycylon"), planned, legacy_names)
         out = aggregate(t.comm, t.local, self.by, planned,
                         lambda table, keys: shuffle_local(t.comm, table, keys, prep.backend))
         return _legacy(prep.result(out), planned, legacy_names)
@@ -86,7 +90,9 @@ def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
     if _aggregate.holistic(planned) and comm.Get_size() > 1:
         source = shuffle(source, list(by))          # the values of each group meet here
     if _aggregate.holistic(planned) or comm.Get_size() == 1:
-        return _whole_groups(source, by, planned)
+        with step(comm, "groupby: aggregating the groups"):
+            out = _whole_groups(source, by, planned)
+        return out
     names = _names(by, planned)
     partial = _partials(source, by, planned, names)
     # the partials' types as an empty partition gives them, the same on every rank (the
@@ -95,6 +101,14 @@ def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
     del source
     merged = shuffle(partial, list(by))             # one row per group and source rank
     del partial
+    with step(comm, "groupby: merging and finishing the groups"):
+        out = _merged(merged, by, planned, names)
+    return out
+
+
+def _merged(merged: pa.Table, by: List[str], planned: Sequence[Planned],
+            names: List[str]) -> pa.Table:
+    """The results of the partial rows of this rank's groups (one per group and source)."""
     if _aggregate.arrow_only(planned):
         merged = _aggregate.by_arrow(merged, by, planned, names, merging=True)
         return _finished(merged, by, planned, names)
