@@ -232,5 +232,6 @@ def _plot(points, execs, out_dir, stem) -> List[str]:
     return report._panels(panels, 4.5, draw, out_dir, stem)
 
 
-runner.RUNNERS.setdefault("throughput", run_throughput)
-report.SECTIONS.setdefault("throughput", section)
+for _kind in ("throughput", "soak"):
+    runner.RUNNERS.setdefault(_kind, run_throughput)
+    report.SECTIONS.setdefault(_kind, section)
