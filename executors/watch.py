@@ -39,20 +39,20 @@ POLL_S = 0.02
 class Deadline:
     """One armed deadline; :meth:`cancel` disarms it (idempotent)."""
 
-    __slots__ = ("when", "action", "cancelled", "_watch")
+    __slots__ = ("when", "action", "cancelled", "_owner")
 
     def __init__(self, when: float, action: Callable[[], None], watch=None):
         self.when = when
         self.action = action
         self.cancelled = False
-        self._watch = watch
+        self._owner = watch
 
     def cancel(self) -> None:
         if not self.cancelled:
             self.cancelled = True
             self.action = None          # what it would have run (a task) is not kept
-            if self._watch is not None:
-                self._watch._cancelled()
+            if self._owner is not None:
+                self._owner._cancelled()
 
     def remaining(self) -> float:
         return self.when - time.monotonic()
