@@ -19,7 +19,7 @@ if not _os.path.isdir(_os.path.join(__path__[0], "executors")) and _os.path.isfi
     __path__.append(_checkout)
 
 _ERRORS = ("BackendUnavailable", "ConfigError", "ExecutorBroken", "HetflowError", "InputError",
-           "KeyColumnError", "LaunchError", "NotSupported", "ResourcesUnavailable",
+           "KeyColumnError", "LaunchError", "NotSupported", "PartitionFailed", "ResourcesUnavailable",
            "SchemaMismatch", "TableHandoffError", "TaskCancelled", "TaskFailed", "TaskLost",
            "WalltimeExceeded")
 

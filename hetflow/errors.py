@@ -148,6 +148,28 @@ class BackendUnavailable(ResourcesUnavailable):
     """A compute backend (GPU via cupy, pycylon) was requested but cannot run here."""
 
 
+class PartitionFailed(HetflowError):
+    """A collective frame operation failed on some ranks in their own part of the work after
+    its data moved (a local join, an aggregation's finishing step); raised on every rank of the
+    task, so none is left waiting in the next collective.
+
+    ``operation`` names the step, ``ranks`` the ranks that failed, ``errors`` each one's
+    ``"Type: message"`` and ``remote_tracebacks`` each one's traceback text; on a failing rank
+    the original exception is also chained as ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, operation: str = "", ranks=(), errors=None,
+                 remote_tracebacks=None):
+        super().__init__(message)
+        self.operation = operation
+        self.ranks = tuple(ranks)
+        self.errors = dict(errors or {})
+        self.remote_tracebacks = dict(remote_tracebacks or {})
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
 # --------------------------------------------------------------------------- built in one place
 # Every runtime reports the same failure with the same type and wording: these build them.
 

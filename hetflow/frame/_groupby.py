@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from hetflow.frame import _aggregate, _arrays, _check
 from hetflow.frame._aggregate import Agg, Planned
+from hetflow.frame._agreement import step
 from hetflow.frame._prepare import prepare, require_table
 from hetflow.frame._shuffle import shuffle_local
 from hetflow.frame._table import DistributedTable
@@ -69,7 +70,9 @@ def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
     if _aggregate.holistic(planned) and comm.Get_size() > 1:
         source = shuffle(source, list(by))          # the values of each group meet here
     if _aggregate.holistic(planned) or comm.Get_size() == 1:
-        return _aggregate.whole(source, by, planned)
+        with step(comm, "groupby: aggregating the groups"):
+            out = _aggregate.whole(source, by, planned)
+        return out
     names = _names(by, planned)
     # the partials' types as an empty partition gives them, the same on every rank (the
     # exchange reads each rank's columns as the agreed types)
@@ -78,6 +81,14 @@ def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
     del source
     merged = shuffle(partial, list(by))             # one row per group and source rank
     del partial
+    with step(comm, "groupby: merging and finishing the groups"):
+        out = _merged(merged, by, planned, names)
+    return out
+
+
+def _merged(merged: pa.Table, by: List[str], planned: Sequence[Planned],
+            names: List[str]) -> pa.Table:
+    """The results of the partial rows of this rank's groups (one per group and source)."""
     merged = _aggregate.partials(merged, by, planned, names, merging=True)
     parts, i = [], len(by)
     for p in planned:
