@@ -47,6 +47,8 @@ class Task:
     handle: Any = None
     #: Its files dir as the client follows it (rank output, returned ranks, stacks).
     files: Optional[TaskFiles] = None
+    #: Its ranks' resource samples, when sampling is on (:mod:`hetflow.executors.monitoring`).
+    samples: Any = None
 
     @property
     def done(self) -> bool:

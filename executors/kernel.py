@@ -70,7 +70,7 @@ from parsl.executors.errors import InvalidResourceSpecification
 from hetflow import errors, tables
 from hetflow.apps import ARGUMENTS_KWARG
 from hetflow.errors import ConfigError, ExecutorBroken, NotSupported, ResourcesUnavailable
-from hetflow.executors import rankio, stacks
+from hetflow.executors import monitoring, rankio, stacks
 from hetflow.executors._rank import TaskPayload, collect
 from hetflow.executors.allocation import default_slots
 from hetflow.executors.dispatch import Task, TaskQueue
@@ -154,6 +154,9 @@ class Executor(ParslExecutor):
     hang_warning_s: float = rankio.HANG_WARNING_S
     #: A progress display (``hetflow._progress.Campaign``) told of every task, or None.
     progress: Any = None
+    #: Seconds between two resource samples of every rank (None: only when Parsl's resource
+    #: monitoring asks; see :mod:`hetflow.executors.monitoring`).
+    sample_s: Optional[float] = None
     _follower: Optional[rankio.Follower] = None     # set by start()
     _node_root: Optional[str] = None
 
@@ -181,6 +184,8 @@ class Executor(ParslExecutor):
         self._stopping = False
         self._watch = Watch(f"{label}-watch")
         self._client = (os.getpid(), os.uname().nodename)   # where the ranks' files dir is
+        self.remote_monitoring_radio = monitoring.radio()
+        self._monitor = monitoring.Monitor(self)
 
     # ------------------------------------------------------------------ hooks
     def _start(self, task: Task) -> None:
@@ -234,6 +239,8 @@ class Executor(ParslExecutor):
         future: Future = Future()
         task_id = next(self._ids)
         future.parsl_executor_task_id = task_id
+        func, kwargs, parsl_ids, parsl_interval = monitoring.unwrap(func, kwargs)
+        sample_s = self._monitor.interval(parsl_interval)
         # The arguments were pickled once at the call (hetflow.apps), unless a Future among
         # them was resolved since, or a table among them is carried another way now: then
         # they are pickled here.
@@ -241,7 +248,8 @@ class Executor(ParslExecutor):
         prepared_args, prepared_kwargs = tables.prepare(self, resources, args, kwargs)
         if prepared_args is not args or prepared_kwargs is not kwargs:
             args, kwargs, arguments = prepared_args, prepared_kwargs, None
-        files = (*self._follower.directories(task_id), self.output != "off", *self._client)
+        files = (*self._follower.directories(task_id), self.output != "off", *self._client,
+                 sample_s)
         payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
                               resources=resources,
                               tables=os.path.join(self.run_root, tables.TABLES_DIR),
@@ -249,6 +257,9 @@ class Executor(ParslExecutor):
         task = Task(task_id, resources, payload, future,
                     TaskTimes(executor=self.label, ranks=resources.ranks, submitted=time.time()))
         future.hetflow_task = task
+        if sample_s is not None:
+            task.samples = self._monitor.watch(task, self._follower.directories(task_id),
+                                               sample_s, parsl_ids)
         self._admit(task, args, kwargs)
         with self._lock:
             self._live[future] = task
@@ -295,6 +306,7 @@ class Executor(ParslExecutor):
             running = [t for t in self._live.values() if t not in waiting]
         if self._follower is not None:
             self._follower.close()
+        self._monitor.close()
         for task in queued:
             self.finish(task, error=errors.shut_down(task.id, self.label))
         for task in running:
@@ -341,6 +353,7 @@ class Executor(ParslExecutor):
         if task.deadline is not None:
             task.deadline.cancel()
         error = task.error or error
+        self._monitor.finish(task)     # its last samples, before its files dir goes
         if task.files is not None:     # every line the ranks wrote is out before the result
             self._follower.remove(task.files)
             task.files.close(success=error is None)

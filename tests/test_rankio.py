@@ -99,7 +99,7 @@ def test_a_stack_shows_the_task_thread_first_without_the_runtime_threads():
         '  File "/usr/lib/python3.11/threading.py", line 1045 in _bootstrap_inner',
         "",
         "Thread 0x02 (most recent call first):",
-        '  File "/v/site-packages/hetflow/executors/_pool_worker.py", line 91 in _control_loop',
+        '  File "/v/site-packages/hetflow/executors/pool/worker.py", line 91 in _control_loop',
         '  File "/usr/lib/python3.11/threading.py", line 982 in run',
         "",
         "Thread 0x03 (most recent call first):",

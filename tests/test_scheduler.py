@@ -13,7 +13,7 @@ from collections import deque
 import pytest
 
 import hetflow
-from hetflow.executors._pool_sched import PoolScheduler
+from hetflow.executors.pool.scheduler import PoolScheduler
 from hetflow.executors.scheduler import SlotScheduler
 from hetflow.tasks import _executor_task, _record
 

@@ -9,13 +9,15 @@ shuffle both whole sides, then :func:`hetflow.frame._localjoin.join`.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
-from hetflow.frame import _arrays, _backend, _broadcast, _check, _exchange, _hash, _localjoin
+from hetflow.frame import (_arrays, _backend, _broadcast, _check, _cylon_rules, _exchange, _hash,
+                           _localjoin, _pycylon)
 from hetflow.frame._arrays import destination_dtype, from_values
 from hetflow.frame._exchange import MPI
 from hetflow.frame._phases import phase
@@ -81,10 +83,13 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
                                      "type")
 
     prep = prepare("join", [left, right], [lk, rk], what=("left", "right"), facts=facts,
-                   check=key_types_match, backend=backend)
+                   check=key_types_match, backend=backend, cylon=functools.partial(
+                       _cylon_rules.join, comm.Get_size(), left.local, right.local, lk, rk, how))
     if prep.pycylon:
-        from hetflow.frame import _pycylon
-        return _pycylon.join(left, right, lk, rk, how, suffixes)
+        empty = _localjoin.join(left.local.slice(0, 0), right.local.slice(0, 0), lk, rk, how,
+                                tuple(suffixes))
+        return prep.result(_pycylon.join(comm, left.local, right.local, lk, rk, empty.schema),
+                           backend="pycylon")
     be, agreed = prep.backend, prep.agreed
     if _broadcast.chosen(how, agreed.per_rank("left_bytes"), agreed.per_rank("right_bytes")):
         out = _broadcast.join(comm, canonical_zero(left.local, lk),

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import ConfigError, InputError
-from hetflow.frame import _arrays, _backend, _check, _exchange, _localjoin, _localsort
+from hetflow.frame import (_arrays, _backend, _check, _cylon_rules, _exchange, _localjoin,
+                           _localsort, _pycylon)
 from hetflow.frame._phases import phase
 from hetflow.frame._prepare import prepare, require_table, small
 from hetflow.frame._table import DistributedTable
@@ -57,10 +58,13 @@ def sort(table: DistributedTable, by, ascending: Union[bool, Sequence[bool]] = T
 
     prep = prepare("sort", [table], [names], backend=backend, check=sortable,
                    facts={"small": small(table.local), "rows": table.local.num_rows,
-                          "key_nulls": key_nulls})
+                          "key_nulls": key_nulls},
+                   cylon=lambda: _cylon_rules.sort(comm.Get_size(), table.local, names))
     if prep.pycylon:
-        from hetflow.frame import _pycylon
-        return _pycylon.sort(table, names, asc)
+        try:
+            return prep.result(_pycylon.sort(comm, table.local, names, asc), backend="pycylon")
+        except _pycylon.Declined as exc:
+            prep = prep.without_pycylon("sort", str(exc))
     be, agreed = prep.backend, prep.agreed
     fast = (len(names) == 1 and _is_numeric(schema.field(names[0]).type)
             and not any(agreed.total("key_nulls")))

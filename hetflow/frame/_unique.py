@@ -5,7 +5,7 @@ from typing import Optional
 
 import numpy as np
 
-from hetflow.frame import _arrays, _check
+from hetflow.frame import _arrays, _check, _cylon_rules, _pycylon
 from hetflow.frame._groupby import group_by
 from hetflow.frame._join import canonical_zero
 from hetflow.frame._prepare import prepare, require_table
@@ -20,10 +20,10 @@ def unique(table: DistributedTable, subset=None, *,
     table = require_table(table, "unique: table")
     schema = table.local.schema
     names = list(schema.names) if subset is None else _check.key_names(subset, "unique")
-    prep = prepare("unique", [table], [names], backend=backend)
+    prep = prepare("unique", [table], [names], backend=backend, cylon=lambda: _cylon_rules.unique(
+        table.comm.Get_size(), table.local, names))
     if prep.pycylon:
-        from hetflow.frame import _pycylon
-        return _pycylon.unique(table, names)
+        return prep.result(_pycylon.unique(table.comm, table.local), backend="pycylon")
     shuffled = shuffle_local(table.comm, table.local, names, prep.backend)
     marker = "__hetflow_row"
     while marker in schema.names:
