@@ -65,7 +65,6 @@ from concurrent.futures import Future
 from typing import Any, ContextManager, Dict, List, Optional, Protocol, runtime_checkable
 
 from parsl.executors.base import ParslExecutor
-from parsl.executors.errors import InvalidResourceSpecification
 
 from hetflow import errors, tables
 from hetflow.apps import ARGUMENTS_KWARG
@@ -74,44 +73,11 @@ from hetflow.executors import monitoring, rankio, stacks
 from hetflow.executors._rank import TaskPayload, collect
 from hetflow.executors.allocation import default_slots
 from hetflow.executors.dispatch import Task, TaskQueue
+from hetflow.executors.resource_spec import InvalidResourceSpec, read_resources  # noqa: F401
 from hetflow.executors.scheduler import SlotScheduler
 from hetflow.executors.watch import Watch
 from hetflow.spec import Resources, gpu_ids
 from hetflow.tasks import TaskState, TaskTimes
-
-
-class InvalidResourceSpec(ConfigError, InvalidResourceSpecification):
-    """A ``parsl_resource_specification`` hetflow cannot read: another executor's keys, or
-    hetflow's own with bad values.
-
-    It is both a hetflow :class:`~hetflow.ConfigError` and Parsl's
-    ``InvalidResourceSpecification``, so code written for either catches it. It lives
-    here, where Parsl is imported anyway: ranks import ``hetflow.errors`` and must not
-    pay for Parsl.
-    """
-
-    def __init__(self, message: str, invalid_keys=()):
-        ConfigError.__init__(self, message)
-        self.message = message
-        self.invalid_keys = set(invalid_keys)
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __reduce__(self):
-        return (type(self), (self.message, self.invalid_keys))
-
-
-def read_resources(spec) -> Resources:
-    """``Resources`` from a task's ``parsl_resource_specification``, or InvalidResourceSpec."""
-    try:
-        return Resources.from_spec(spec)
-    except (ConfigError, TypeError) as exc:
-        try:
-            keys = set(spec)
-        except TypeError:   # not a mapping at all
-            keys = {type(spec).__name__}
-        raise InvalidResourceSpec(str(exc), keys) from exc
 
 
 @runtime_checkable
