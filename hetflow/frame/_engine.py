@@ -8,8 +8,10 @@ layout) and gives Arrow arrays back.
 Threads: polars sizes its thread pool once, from ``POLARS_MAX_THREADS`` when it is first
 imported. A rank started by a hetflow runtime has it set to the task's cores per rank (the
 rank runner sets it with ``OMP_NUM_THREADS``, before the task's code runs); elsewhere (a
-program under a bare ``mpiexec``) :func:`polars` sets it from ``OMP_NUM_THREADS`` where that is
-set, else polars takes every core it sees. A pool worker keeps the pool its first task sized.
+program under a bare ``mpiexec``) the first table a rank makes sets it to the rank's share of
+the node's cores, as Arrow's pool (:func:`hetflow.frame._backend.configure_threads`), else
+:func:`polars` takes ``OMP_NUM_THREADS``, else polars every core. A pool worker keeps the pool
+its first task sized.
 """
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ def polars():
     global _polars
     if _polars is None:
         threads = os.environ.get("OMP_NUM_THREADS")
-        if threads and threads.isdigit() and int(threads) > 0:
-            os.environ.setdefault("POLARS_MAX_THREADS", threads)
+        if threads and threads.isdigit() and int(threads) > 0 and \
+                not os.environ.get("POLARS_MAX_THREADS"):
+            os.environ["POLARS_MAX_THREADS"] = threads
         import polars
         _polars = polars
     return _polars
