@@ -19,7 +19,7 @@ from hetflow.errors import ConfigError
 
 RESULTS_NAME = "results.jsonl"
 #: The order ``all`` runs the experiments in (and the report lists them in).
-ORDER = ("weak", "strong", "overhead", "pilot", "peers", "analytics", "paper")
+ORDER = ("weak", "strong", "overhead", "pilot", "peers", "analytics", "paper", "throughput")
 
 
 def _split(text: Optional[str]) -> Optional[List[str]]:
@@ -67,6 +67,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "hetflow bench") -> int:
         if args.experiment == "report":
             if not args.results:
                 raise ConfigError("usage: hetflow bench report RESULTS [--out DIR]")
+            from hetflow.experiments import throughput  # registers its report section
             from hetflow.experiments.report import write_report
 
             print(write_report(args.results, args.out, plots=not args.no_plots))
@@ -85,6 +86,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "hetflow bench") -> int:
     except ConfigError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
+    from hetflow.experiments import throughput  # noqa: F401 - registers its runner, section
     from hetflow.experiments.report import write_report
     from hetflow.experiments.runner import Recorder, run_experiment
 
