@@ -119,16 +119,3 @@ def _names(by: List[str], planned: Sequence[Planned]) -> List[str]:
     """The partial columns' names (none of them a key's)."""
     stem = _private(by, "__hetflow_part")
     return [f"{stem}{i}_{j}" for i, p in enumerate(planned) for j in _aggregate.part_names(p)]
-
-
-def group_by(table: pa.Table, by: List[str]):
-    """``table.group_by(by)`` on one thread (a deterministic group order); pyarrow < 12 has no
-    ``use_threads`` and gives its own order, which no caller relies on (``unique`` sorts the
-    rows it keeps)."""
-    try:
-        return table.group_by(by, use_threads=False)
-    except TypeError:  # pyarrow < 12 (pycylon's environments pin pyarrow 9-10)
-        # whose grouping reads every column by the first one's chunks: columns chunked
-        # differently (a set operation's tags beside its concatenated sides) gave wrong groups
-        # or a segfault
-        return table.combine_chunks().group_by(by)

@@ -6,11 +6,10 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from hetflow.errors import ConfigError, InputError
-from hetflow.frame import (_arrays, _backend, _check, _cylon_rules, _exchange, _localjoin,
-                           _localsort, _pycylon)
+from hetflow.frame import (_arrays, _backend, _check, _cylon_rules, _engine, _exchange,
+                           _localjoin, _localsort, _pycylon)
 from hetflow.frame._agreement import step
 from hetflow.frame._phases import phase
 from hetflow.frame._prepare import prepare, require_table, small
@@ -362,14 +361,21 @@ def _sort_general(comm, table: pa.Table, names: List[str], asc: List[bool]) -> p
     return out
 
 
-_PER_KEY_NULLS = int(pa.__version__.split(".")[0]) >= 25
-
-
 def _sort_indices(table: pa.Table, names: List[str], asc: List[bool]) -> pa.Array:
-    """Arrow's stable sort indices, nulls at the end of every key (pyarrow >= 25 takes the
-    null placement per key and deprecates the global option)."""
-    if _PER_KEY_NULLS:
-        keys = [(n, "ascending" if a else "descending", "at_end") for n, a in zip(names, asc)]
-        return pc.sort_indices(table, sort_keys=keys)
-    keys = [(n, "ascending" if a else "descending") for n, a in zip(names, asc)]
-    return pc.sort_indices(table, sort_keys=keys, null_placement="at_end")
+    """Stable sort indices on the compiled engine (polars), Arrow's order: nulls at the end of
+    every key, NaN after every number in both directions (polars puts NaN first when
+    descending: a float key is preceded by its is-NaN flag), dictionaries by their values."""
+    pl = _engine.polars()
+    columns, exprs, descending = [], [], []
+    for i, (name, up) in enumerate(zip(names, asc)):
+        col = _engine.decoded(table.column(name))
+        columns.append(col)
+        if pa.types.is_floating(col.type):
+            exprs.append(pl.col(f"k{i}").is_nan())
+            descending.append(False)
+        exprs.append(pl.col(f"k{i}"))
+        descending.append(not up)
+    df = _engine.frame(columns, [f"k{i}" for i in range(len(names))])
+    order = df.select(pl.arg_sort_by(exprs, descending=descending, nulls_last=True,
+                                     maintain_order=True).alias("o"))
+    return _arrays._single(_engine.arrow(order).column(0))
