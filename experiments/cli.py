@@ -1,6 +1,7 @@
 """``hetflow bench`` / ``python -m hetflow.experiments``: run named experiments, write results and a report.
 
     hetflow bench weak [--quick] [--repeats N] [--rows 1e6,2e6] [--executors mpirun,pool] [--out DIR]
+    hetflow bench throughput [--queued 1000,1e4] [--slots 2,32]      # tasks/s vs tasks queued
     hetflow bench all --out experiments/results        # every experiment, one report
     hetflow bench report DIR/results.jsonl             # the report again, from the results alone
     hetflow bench list                                 # the experiments and what they measure
@@ -19,7 +20,7 @@ from hetflow.errors import ConfigError
 
 RESULTS_NAME = "results.jsonl"
 #: The order ``all`` runs the experiments in (and the report lists them in).
-ORDER = ("weak", "strong", "overhead", "pilot", "peers", "analytics", "paper")
+ORDER = ("weak", "strong", "overhead", "pilot", "peers", "analytics", "paper", "throughput")
 
 
 def _split(text: Optional[str]) -> Optional[List[str]]:
@@ -45,6 +46,8 @@ def build_parser(prog: str = "hetflow bench") -> argparse.ArgumentParser:
     parser.add_argument("--rows", help="comma-separated row counts (per rank or total, as the "
                         "experiment reads them), e.g. 1e6,2_000_000")
     parser.add_argument("--ranks", help="comma-separated rank counts, e.g. 1,2,4")
+    parser.add_argument("--queued", help="(throughput) comma-separated task counts, e.g. 1000,1e4")
+    parser.add_argument("--slots", help="(throughput) comma-separated slot counts, e.g. 2,32")
     parser.add_argument("--executors", help="comma-separated runtimes, e.g. mpirun,pool "
                         "(not installed ones are skipped and reported)")
     parser.add_argument("--out", help="output directory (default ./hetflow-bench-<time>); the "
@@ -67,6 +70,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "hetflow bench") -> int:
         if args.experiment == "report":
             if not args.results:
                 raise ConfigError("usage: hetflow bench report RESULTS [--out DIR]")
+            from hetflow.experiments import throughput  # registers its report section
             from hetflow.experiments.report import write_report
 
             print(write_report(args.results, args.out, plots=not args.no_plots))
@@ -78,13 +82,15 @@ def main(argv: Optional[List[str]] = None, prog: str = "hetflow bench") -> int:
             names = [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]
         overrides = dict(repeats=args.repeats, iterations=args.iterations,
                          rows=configs.parse_ints(args.rows), ranks=configs.parse_ints(args.ranks),
-                         executors=_split(args.executors))
+                         executors=_split(args.executors), queued=configs.parse_ints(args.queued),
+                         slots=configs.parse_ints(args.slots))
         cfgs = [configs.load(n, quick=args.quick).replace(**overrides) for n in names]
         if args.experiment == "all":  # the paper-scale run is asked for by name
             cfgs = [c for c in cfgs if c.in_all]
     except ConfigError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
+    from hetflow.experiments import throughput  # noqa: F401 - registers its runner, section
     from hetflow.experiments.report import write_report
     from hetflow.experiments.runner import Recorder, run_experiment
 

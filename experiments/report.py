@@ -14,6 +14,8 @@ import statistics
 from collections import defaultdict
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from hetflow.experiments import owncpu
+
 ORDER = ("weak", "strong", "overhead", "pilot", "pilot_slurm", "peers", "analytics", "paper",
          "pipeline", "pipeline_slurm")
 #: Paper figures quoted next to ours.
@@ -758,6 +760,7 @@ def write_report(results: str, out_dir: Optional[str] = None, *, plots: bool = T
             lines += body
             lines += [f"![{name}]({png})" for png in pngs] + ([""] if pngs else [])
         lines += _sessions(exp_rows)
+        lines += owncpu.lines(exp_rows, stat)
     path = os.path.join(out_dir, "report.md")
     with open(path, "w") as fh:
         fh.write("\n".join(lines).rstrip() + "\n")

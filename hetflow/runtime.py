@@ -117,7 +117,7 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
             monitoring=None, memoizer=None, checkpoint: Optional[str] = None,
             config_options: Optional[dict] = None, output: Any = "console",
             progress: Optional[bool] = None, hang_warning_s: Optional[float] = None,
-            **executor_options) -> Iterator[Any]:
+            sample_s: Optional[float] = None, **executor_options) -> Iterator[Any]:
     """Start runtime ``name`` (``"mpirun"``, ``"parsl"``, ``"radical"``, ``"pool"``) for the block.
 
     Yields the Parsl DataFlowKernel; MPI apps called inside the block run on it.
@@ -132,7 +132,11 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
     ``"files"``: one file per task in the runtime's dir; ``"off"``; or a text stream).
     ``progress``: a bar of the block's tasks on stderr (default: when stderr is a
     terminal). ``hang_warning_s``: seconds after a task's first rank returned before a
-    warning names the ranks still running. Extra keywords go to the executor.
+    warning names the ranks still running. ``sample_s``: every rank of every task samples
+    its CPU, memory and GPU use every ``sample_s`` seconds (``hetflow.task_samples``); a
+    ``monitoring`` hub with ``resource_monitoring_enabled`` turns it on at its own
+    interval and stores the samples in its database (see
+    :mod:`hetflow.executors.monitoring`). Extra keywords go to the executor.
 
     Every process the runtime starts dies with the client, however the client
     ends (``kill -9`` included): a guardian process watches it (see
@@ -168,6 +172,12 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
         executor.output = output
         if hang_warning_s is not None:
             executor.hang_warning_s = hang_warning_s
+        if sample_s is not None:
+            if isinstance(sample_s, bool) or not isinstance(sample_s, (int, float)) \
+                    or not sample_s > 0:
+                raise ConfigError(f"sample_s must be a positive number of seconds, got "
+                                  f"{sample_s!r}")
+            executor.sample_s = float(sample_s)
         from hetflow import _progress
 
         if progress or (progress is None and _progress.enabled()):

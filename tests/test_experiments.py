@@ -365,3 +365,19 @@ def test_pipeline_hands_every_row_over_and_trains(tmp_path):
     assert "## tiny_pipeline" in report and "Deep RC path (s)" in report
     with open(tmp_path / "tiny_pipeline.png", "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_has_the_runtime_cpu_column(quick_run):
+    out, _ = quick_run
+    rows = load_rows(out / "results.jsonl")
+    sessions = [r for r in rows if r["kind"] == "session"]
+    runtimes = {r["executor"] for r in sessions}
+    tasks = [r for r in rows if r["kind"] == "task" and r["executor"] in runtimes
+             and "runtime_cores" in r]
+    assert sessions and all(r["idle_runtime_cores"] >= 0 for r in sessions)
+    assert tasks and all(r["runtime_cores"] >= 0 and r["task_cpu_s"] > 0 for r in tasks)
+    found = [(header, body) for _, header, body in _tables((out / "report.md").read_text())
+             if "Runtime CPU idle" in header]
+    assert found
+    executors = {row[0] for _, body in found for row in body}
+    assert executors == runtimes

@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import pyarrow as pa
 
-from hetflow.frame import _aggregate, _arrays, _check
+from hetflow.frame import _aggregate, _arrays, _check, _cylon_rules, _pycylon
 from hetflow.frame._aggregate import Agg, Planned
 from hetflow.frame._agreement import step
 from hetflow.frame._prepare import prepare, require_table
@@ -52,10 +52,13 @@ class GroupBy:
             _check.check_columns(t.local.schema, [p.column for p in planned], "groupby.agg")
             _aggregate.check_types(t.local.schema, planned)
 
-        prep = prepare("groupby", [t], [self.by], backend=backend, check=check)
+        prep = prepare("groupby", [t], [self.by], backend=backend, check=check,
+                       cylon=lambda: _cylon_rules.groupby(t.comm.Get_size(), t.local, self.by,
+                                                          planned))
         if prep.pycylon:
-            from hetflow.frame import _pycylon
-            return _pycylon.groupby_agg(t, self.by, planned)
+            out = _pycylon.groupby_agg(t.comm, t.local, self.by, planned,
+                                       result_schema(t.local.schema, self.by, planned))
+            return prep.result(out, backend="pycylon")
         out = aggregate(t.comm, t.local, self.by, planned,
                         lambda table, keys: shuffle_local(t.comm, table, keys, prep.backend))
         return prep.result(out)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import InputError, NotSupported, SchemaMismatch
-from hetflow.frame import _check, _engine
+from hetflow.frame import _check, _cylon_rules, _engine
 from hetflow.frame._exchange import MPI
 from hetflow.frame._prepare import prepare, require_table
 from hetflow.frame._shuffle import shuffle_local
@@ -71,7 +71,8 @@ def _set_op(op: str, left: DistributedTable, right: DistributedTable,
                                "supported); select or cast the other columns first")
 
     prep = prepare(op, [left, right], what=("left", "right"), check=rows_comparable,
-                   backend=backend).without_pycylon(op, "pycylon has no set operations")
+                   backend=backend,
+                   cylon=lambda: _cylon_rules.never(op, "pycylon has no set operations"))
     names = list(ls.names)
     lt = shuffle_local(comm, _canonical_floats(left.local), names, prep.backend)
     rt = shuffle_local(comm, _canonical_floats(right.local), names, prep.backend)

@@ -5,7 +5,7 @@ from typing import Optional
 
 import pyarrow as pa
 
-from hetflow.frame import _check, _engine
+from hetflow.frame import _check, _cylon_rules, _engine, _pycylon
 from hetflow.frame._prepare import prepare, require_table
 from hetflow.frame._shuffle import shuffle_local
 from hetflow.frame._table import DistributedTable
@@ -18,10 +18,10 @@ def unique(table: DistributedTable, subset=None, *,
     table = require_table(table, "unique: table")
     schema = table.local.schema
     names = list(schema.names) if subset is None else _check.key_names(subset, "unique")
-    prep = prepare("unique", [table], [names], backend=backend)
+    prep = prepare("unique", [table], [names], backend=backend, cylon=lambda: _cylon_rules.unique(
+        table.comm.Get_size(), table.local, names))
     if prep.pycylon:
-        from hetflow.frame import _pycylon
-        return _pycylon.unique(table, names)
+        return prep.result(_pycylon.unique(table.comm, table.local), backend="pycylon")
     shuffled = shuffle_local(table.comm, table.local, names, prep.backend)
     # -0.0 and 0.0 one value, NaN one value, as in the group-by and polars
     keep = _engine.first_rows([shuffled.column(n) for n in names])
