@@ -2,6 +2,7 @@
 cores per rank, and the group-by kernels on it keep Arrow's result types and SQL's null rule
 for every integer width, float32/64, string, large_string, dictionary and binary column, with
 and without nulls, at 1 and 2 ranks (values against polars on the concatenated input)."""
+import os
 import subprocess
 import sys
 
@@ -10,16 +11,25 @@ import pytest
 from mpiutil import run_mpi
 
 THREADS = r"""
+import sys
+import pyarrow as pa
 from mpi4py import MPI
+from hetflow import frame
 from hetflow.frame import _engine
 import mpiutil
+if sys.argv[1] == "table":   # a rank's first table sets its share of the cores
+    frame.from_local(MPI.COMM_WORLD, pa.table({"a": [1]}))
 mpiutil.report(_engine.polars().thread_pool_size())
 """
 
 
 def test_polars_threads_follow_the_ranks_cores():
     # a bare mpiexec: OMP_NUM_THREADS (what a runtime sets to cores_per_rank) sizes the pool
-    assert run_mpi(THREADS, 2, env={"OMP_NUM_THREADS": "1"}).values(2) == [1, 1]
+    assert run_mpi(THREADS, 2, args=["omp"], env={"OMP_NUM_THREADS": "1"}).values(2) == [1, 1]
+    # else a rank's first table: its share of the node's cores, as Arrow's pool
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    env = {"OMP_NUM_THREADS": "", "POLARS_MAX_THREADS": ""}
+    assert run_mpi(THREADS, 2, args=["table"], env=env).values(2) == [share, share]
     # a runtime's rank: bind_rank_environment sets POLARS_MAX_THREADS before user code runs
     code = ("import os; from hetflow.executors._rank import bind_rank_environment; "
             "bind_rank_environment({'cores_per_rank': 3, 'gpus_per_rank': 0}, 0); "

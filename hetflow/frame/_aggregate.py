@@ -67,7 +67,7 @@ class Agg:
 
     @property
     def label(self) -> str:
-        """The suffix of its result column when a column has several aggregations."""
+        """The suffix of its result column: ``<column>_<label>``."""
         if self.name == "quantile":
             extra = "" if self.interpolation in (None, "nearest") else f"_{self.interpolation}"
             return f"quantile_{self.q:g}{extra}"
@@ -119,7 +119,7 @@ def plan(spec) -> List[Planned]:
                                   f"{f!r} for column {col!r}")
             parsed.append((agg, f))
         for agg, source in parsed:
-            name = col if len(parsed) == 1 else f"{col}_{agg.label}"
+            name = f"{col}_{agg.label}"     # always: predictable from the call alone
             out.append(Planned(col, _with_defaults(agg), name, source))
     names = [p.out for p in out]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -207,35 +207,11 @@ def part_names(p: Planned) -> List[str]:
 
 
 # -- kernels ---------------------------------------------------------------------------------
-def _native(t: pa.DataType) -> bool:
-    """Types polars groups, orders and reduces as Arrow does (others go by codes or ranks)."""
-    return (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t)
-            or pa.types.is_large_string(t) or pa.types.is_binary(t)
-            or pa.types.is_large_binary(t) or pa.types.is_date32(t) or pa.types.is_timestamp(t)
-            or (pa.types.is_floating(t) and t.bit_width in (32, 64)))
-
-
-def _decoded(col) -> pa.Array:
-    col = _arrays._single(col)
-    return col.cast(col.type.value_type) if pa.types.is_dictionary(col.type) else col
-
-
-def _comparable(col) -> pa.Array:
-    """A column as polars compares it for equality: -0.0 as 0.0 (NaN is one value there),
-    dictionaries decoded, other types as their values' codes (a null one of them)."""
-    col = _decoded(col)
-    if pa.types.is_floating(col.type):
-        return _arrays.unsigned_zero(col)
-    if _native(col.type):
-        return col
-    return pc.dictionary_encode(col, null_encoding="encode").indices
-
-
 def _ordinal(col) -> pa.Array:
     """A column as polars orders it: its own values, or (a type polars does not order as
     Arrow does) each value's rank among them, nulls kept."""
-    col = _decoded(col)
-    if _native(col.type):
+    col = _engine.decoded(col)
+    if _engine.native(col.type):
         return col
     rank = pc.rank(col, sort_keys="ascending", tiebreaker="dense")
     return pc.if_else(pc.is_valid(col), rank, pa.nulls(len(col), rank.type)) if col.null_count \
@@ -270,12 +246,12 @@ class _Kernel:
         keys = [_arrays._single(k) for k in keys]
         self.keys = [_arrays.unsigned_zero(k) if pa.types.is_floating(k.type) else k
                      for k in keys]
-        self.columns = [_comparable(k) for k in keys]
+        self.columns = [_engine.comparable(k) for k in keys]
         self.names = [f"k{i}" for i in range(len(keys))]
         self.exprs, self.outs, self.after, self._added = [], [], [], {}
         self.numbered = False   # whether a result reads the rows' numbers
 
-    def col(self, col: pa.Array, how=_decoded):
+    def col(self, col: pa.Array, how=_engine.decoded):
         """``col`` as ``how`` prepares it, a polars column (added once per column and way)."""
         at = (id(col), how)
         if at not in self._added:
@@ -314,7 +290,7 @@ class _Kernel:
         does comes back from polars; any other is read from its group's first row."""
         pl = _engine.polars()
         keys = self.names[:len(self.keys)]
-        by_row = [i for i, k in enumerate(self.keys) if not _native(k.type)]
+        by_row = [i for i, k in enumerate(self.keys) if not _engine.native(k.type)]
         first = [pl.col(_engine.ROW).first().alias("__first")] if by_row else []
         lazy = _engine.frame(self.columns, self.names, row=self.numbered or bool(by_row)).lazy()
         got = _engine.arrow(lazy.group_by(keys).agg(first + self.exprs)
@@ -328,7 +304,7 @@ class _Kernel:
 
 def _extreme(k: _Kernel, col: pa.Array, func: str) -> None:
     """A min or max, Arrow's type kept (a type polars does not order as Arrow: by ranks)."""
-    if _native(_decoded(col).type):
+    if _engine.native(_engine.decoded(col).type):
         x = k.col(col)
         k.out(x.min() if func == "min" else x.max(), _cast(col.type))
         return
@@ -355,7 +331,7 @@ def _parts(k: _Kernel, p: Planned, cols: Sequence[pa.Array], merging: bool) -> N
     name, col = p.name, cols[0]
     if name in ("sum", "mean"):
         x = k.col(col)
-        wide = _wide(_decoded(col).type)
+        wide = _wide(_engine.decoded(col).type)
         if not pa.types.is_decimal(wide):
             x = x.cast(pl.Float64 if pa.types.is_floating(wide) else
                        pl.UInt64 if pa.types.is_unsigned_integer(wide) else pl.Int64)
@@ -392,7 +368,7 @@ def _parts(k: _Kernel, p: Planned, cols: Sequence[pa.Array], merging: bool) -> N
 def _holistic(k: _Kernel, p: Planned, col: pa.Array) -> None:
     """A result of ``p`` over every row of each group: median, quantile, nunique."""
     if p.name == "nunique":
-        k.out(k.col(col, _comparable).n_unique(), _cast(pa.int64()))
+        k.out(k.col(col, _engine.comparable).n_unique(), _cast(pa.int64()))
         return
     x = k.col(col).cast(_engine.polars().Float64)
     k.out(x.median() if p.name == "median" else x.quantile(p.agg.q, p.agg.interpolation))
