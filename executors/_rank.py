@@ -24,6 +24,7 @@ if __name__ == "__main__":
 
 from collections.abc import Callable
 
+from hetflow.executors._ranksample import sampling
 from hetflow.executors._supervise import KILLED_EXIT, supervise
 from hetflow.executors.taskdir import TaskDir, user_umask
 
@@ -66,8 +67,10 @@ class TaskPayload:
         self._resources = resources
         #: Where a rank writes its partition of a returned DistributedTable (hetflow.tables).
         self.tables = tables
-        #: ``(dir_on_client_node, dir_elsewhere, capture_output, client_pid, client_host)``:
-        #: where the ranks leave their output and stacks (``_rankio``); None: no capture.
+        #: ``(dir_on_client_node, dir_elsewhere, capture_output, client_pid, client_host,
+        #: sample_s)``: where the ranks leave their output, stacks and resource samples
+        #: (``_rankio``, ``_ranksample``: every ``sample_s`` seconds, None: off); None: no
+        #: capture.
         self.files = files
         self._arguments = arguments      # (args, kwargs) as the client pickled them once
 
@@ -200,6 +203,8 @@ def bind_rank_environment(resources: dict, local_rank: int) -> None:
     :meth:`~hetflow.executors.kernel.Executor.rank_resources`).
     """
     os.environ["OMP_NUM_THREADS"] = str(resources["cores_per_rank"])
+    # polars sizes its pool when first imported (the frame engine's kernels, or user code)
+    os.environ["POLARS_MAX_THREADS"] = str(resources["cores_per_rank"])
     bind_gpus(resources.get("devices"), local_rank, resources["gpus_per_rank"])
 
 
@@ -223,7 +228,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
         payload: TaskPayload = pickle.loads(payload_bytes)
     except Exception as exc:  # e.g. the function's module is not importable on this rank
         return _error_outcome(rank, exc, started, time.time(), "could not unpickle the task: ")
-    with _capture(payload.files, rank):
+    with _capture(payload.files, rank) as capture, sampling(capture, payload.files):
         arrive(comm)
         user_comm = comm.Dup()
         own_umask = user_umask()
@@ -273,7 +278,7 @@ def _capture(files, rank: int):
     process (the debug runtime: its output is already on the client's console)."""
     if not files:
         return _NoCapture()
-    here, elsewhere, output, client_pid, client_host = files
+    here, elsewhere, output, client_pid, client_host = files[:5]
     if client_host == _host():
         if client_pid == os.getpid():
             return _NoCapture()

@@ -82,7 +82,7 @@ def probe(comm, rows: int, repeats: int, pause: bool):
 
     import numpy as np
     from hetflow import frame
-    from hetflow.frame._exchange import barrier
+    from hetflow.frame._mpi import barrier
 
     left = frame.generate(comm, rows, seed=1)
     right = frame.generate(comm, rows, seed=2)

@@ -9,6 +9,8 @@ Prints one table and the ratios against mpirun. Never fails on a time: it only r
 ``--auth``: the pool with its message signing on (the default) against the same
 build with ``authenticate=False``, in one run, alternating the two ``--rounds``
 times (the machine's load drifts) and reporting each one's best round.
+``--samples S``: the same for every rank sampling its resource use every S seconds
+(``hetflow.runtime(sample_s=S)``, hetflow.executors.monitoring) against sampling off.
 ``--output``: the same for the ranks' output forwarded (to a stream: the console's path,
 writing to /dev/null) against ``output="off"``, each rank printing one line per task.
 """
@@ -212,7 +214,7 @@ def hmac_work_us(repeat: int = 20000) -> float:
     """Microseconds of signing and checking for one 2-rank no-op task's four messages."""
     import timeit
 
-    from hetflow.executors import _pool_wire as wire
+    from hetflow.executors.pool import wire
 
     signer = wire.Signer.new()
     ident = wire.identity(0, 1)
@@ -240,12 +242,23 @@ def main(argv=None) -> int:
                         help="the pool with authentication on vs off (see the docstring)")
     parser.add_argument("--output", action="store_true",
                         help="the pool with rank output forwarded vs off (see the docstring)")
+    parser.add_argument("--samples", type=float, metavar="S",
+                        help="the pool with per-rank sampling every S s vs off")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     if args.auth:
         return auth_cost(args.n, args.max_ranks, args.rounds)
     if args.output:
         return output_cost(args.n, args.max_ranks, args.rounds)
+    if args.samples is not None:
+        with open("/proc/loadavg") as fh:
+            print("load average before:", fh.read().split()[:3])
+        on_off("samples", f"sampling every {args.samples:g} s", args.n, args.rounds,
+               {"max_ranks": args.max_ranks, "sample_s": args.samples},
+               {"max_ranks": args.max_ranks})
+        with open("/proc/loadavg") as fh:
+            print("load average after:", fh.read().split()[:3])
+        return 0
     available = hetflow.available_runtimes()
     rows = []
     for name in args.runtimes:

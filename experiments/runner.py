@@ -20,7 +20,7 @@ import time
 import uuid
 from typing import Dict, List, Optional
 
-from hetflow.experiments import protocol
+from hetflow.experiments import owncpu, protocol
 from hetflow.experiments.config import ExperimentConfig
 from hetflow.experiments.env import host_info, library_versions
 
@@ -118,15 +118,16 @@ def runtime_session(cfg: ExperimentConfig, name: str, rec: Recorder, max_ranks: 
         return
     options = {"max_ranks": max_ranks, **cfg.executor_options.get(name, {})}
     t0 = time.perf_counter()
-    manager = runtime(name, **options)
+    manager = runtime(name, sample_s=owncpu.SAMPLE_S, **options)
     try:
-        manager.__enter__()
+        dfk = manager.__enter__()
     except Exception as exc:  # noqa: BLE001 - a runtime that won't start is a result too
         rec.write(kind="error", experiment=cfg.name, executor=name, stage="start",
                   error=_first_line(exc))
         yield None
         return
     startup_s = time.perf_counter() - t0
+    own_cpu = owncpu.idle(dfk)
     session = {"startup_s": startup_s, "options": options}
     try:
         yield session
@@ -139,7 +140,8 @@ def runtime_session(cfg: ExperimentConfig, name: str, rec: Recorder, max_ranks: 
                       error=_first_line(exc))
         rec.write(kind="session", experiment=cfg.name, executor=name,
                   max_ranks=options["max_ranks"],
-                  options=options, startup_s=startup_s, shutdown_s=time.perf_counter() - t1)
+                  options=options, startup_s=startup_s, shutdown_s=time.perf_counter() - t1,
+                  **own_cpu)
 
 
 def _app(ranks: int):
@@ -170,11 +172,14 @@ def _run_one(cfg, rec, progress, executor, *, repeat, ranks, rows_per_rank, op, 
     """Submit one task, wait for it, record it (or its error). The row, or None on error."""
     note = f"{executor} ranks={ranks} {op} rows/rank={rows_per_rank:,}"
     try:
-        future = _app(ranks)(op, rows_per_rank, iterations or cfg.iterations, cfg.unique,
-                             dump_dir=dump_dir)
-        future.result(timeout=TASK_TIMEOUT_S)
+        with owncpu.task_window() as own_cpu:
+            future = own_cpu["future"] = _app(ranks)(op, rows_per_rank,
+                                                     iterations or cfg.iterations, cfg.unique,
+                                                     dump_dir=dump_dir)
+            future.result(timeout=TASK_TIMEOUT_S)
         row = rec.write(**_task_row(cfg, executor, future, repeat=repeat, ranks=ranks,
-                                    rows_per_rank=rows_per_rank, op=op, cores=cores, **extra))
+                                    rows_per_rank=rows_per_rank, op=op, cores=cores, **extra,
+                                    **own_cpu))
     except Exception as exc:  # noqa: BLE001 - one failed task must not end the experiment
         rec.write(kind="error", experiment=cfg.name, executor=executor, stage="task", op=op,
                   ranks=ranks, rows_per_rank=rows_per_rank, repeat=repeat, error=_first_line(exc))

@@ -19,7 +19,7 @@ if not _os.path.isdir(_os.path.join(__path__[0], "executors")) and _os.path.isfi
     __path__.append(_checkout)
 
 _ERRORS = ("BackendUnavailable", "ConfigError", "ExecutorBroken", "HetflowError", "InputError",
-           "KeyColumnError", "LaunchError", "NotSupported", "ResourcesUnavailable",
+           "KeyColumnError", "LaunchError", "NotSupported", "PartitionFailed", "ResourcesUnavailable",
            "SchemaMismatch", "TableHandoffError", "TaskCancelled", "TaskFailed", "TaskLost",
            "WalltimeExceeded")
 
@@ -32,8 +32,9 @@ _LAZY = {
     "runtime": "hetflow.runtime", "available_runtimes": "hetflow.runtime",
     "task_times": "hetflow.tasks", "TaskTimes": "hetflow.tasks", "TaskState": "hetflow.tasks",
     "cancel": "hetflow.tasks", "task_state": "hetflow.tasks", "task_output": "hetflow.tasks",
+    "task_samples": "hetflow.tasks",
     "keep": "hetflow.resident", "Resident": "hetflow.resident", "TableHandle": "hetflow.tables",
-    "InvalidResourceSpec": "hetflow.executors.kernel",
+    "InvalidResourceSpec": "hetflow.executors.kernel", "DependencyFailed": "hetflow._chained",
 }
 
 __all__ = sorted(_LAZY)

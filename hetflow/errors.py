@@ -148,6 +148,28 @@ class BackendUnavailable(ResourcesUnavailable):
     """A compute backend (GPU via cupy, pycylon) was requested but cannot run here."""
 
 
+class PartitionFailed(HetflowError):
+    """A collective frame operation failed on some ranks in their own part of the work after
+    its data moved (a local join, an aggregation's finishing step); raised on every rank of the
+    task, so none is left waiting in the next collective.
+
+    ``operation`` names the step, ``ranks`` the ranks that failed, ``errors`` each one's
+    ``"Type: message"`` and ``remote_tracebacks`` each one's traceback text; on a failing rank
+    the original exception is also chained as ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, operation: str = "", ranks=(), errors=None,
+                 remote_tracebacks=None):
+        super().__init__(message)
+        self.operation = operation
+        self.ranks = tuple(ranks)
+        self.errors = dict(errors or {})
+        self.remote_tracebacks = dict(remote_tracebacks or {})
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
 # --------------------------------------------------------------------------- built in one place
 # Every runtime reports the same failure with the same type and wording: these build them.
 
@@ -182,14 +204,26 @@ def shut_down(task_id, executor: str) -> ExecutorBroken:
     return ExecutorBroken(f"executor {executor!r} shut down before task {task_id} finished")
 
 
+#: What torch says to DDP code run with no process group (none made; ``init_process_group``
+#: reading RANK/MASTER_ADDR, which no task's environment sets), and the way out.
+_NO_PROCESS_GROUP = ("Default process group has not been initialized", "using env:// rendezvous")
+PROCESS_GROUP_HINT = ("hint: a task's ranks have no torch.distributed process group, and no "
+                      "RANK or MASTER_ADDR to make one from: wrap the training in "
+                      "`with hetflow.torch.process_group():`, which builds it on the task's "
+                      "ranks (docs/torch.md)")
+
+
 def rank_raised(task_id, executor: str, ranks: int, outcome, exception) -> TaskFailed:
     """A rank's function raised: ``outcome`` is its report, ``exception`` the original (or None)."""
-    return TaskFailed(
+    error = TaskFailed(
         f"task {task_id} ({executor}): rank {outcome.rank} of {ranks} raised "
         f"{outcome.exception_type}: {outcome.message}",
         rank=outcome.rank, host=outcome.host, exception=exception,
         exception_type=outcome.exception_type, remote_traceback=outcome.traceback,
         task_id=task_id)
+    if any(text in str(outcome.message) for text in _NO_PROCESS_GROUP):
+        error.add_note(PROCESS_GROUP_HINT)
+    return error
 
 
 def rank_lost(task_id, executor: str, ranks: int, missing, deaths, returncode=None,

@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 import hetflow
-from hetflow.executors import _lowprio
+from hetflow.executors.radical import lowprio as _lowprio
 from hetflow.executors.radical import session_processes
 from hetflow.executors.radical.priority import daemon_sessions
 

@@ -12,7 +12,7 @@ import time
 from importlib import resources as importlib_resources
 from typing import Optional
 
-from hetflow.executors import _lowprio as lowprio
+from hetflow.executors.radical import lowprio
 from hetflow.executors import allocation as batch
 
 #: Resource label of hetflow's own config for this machine (resource_hetflow.json).
@@ -21,7 +21,7 @@ LOCAL_RESOURCE = "hetflow.local"
 SLURM_RESOURCE = "hetflow.slurm"
 #: Where the RAPTOR master's and worker's classes live: RP loads them by path in the pilot,
 #: which runs this venv (hetflow's RP resources set ``virtenv`` to it).
-EXECUTORS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RAPTOR_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 class Descriptions:
@@ -47,9 +47,9 @@ class Descriptions:
 
 def master_description(yield_cpu: bool = True) -> dict:
     """RP's RAPTOR master, with hetflow's fix for a lost queue announcement
-    (``executors/_raptor_master.py``)."""
+    (``executors/radical/raptor_master.py``)."""
     return {"raptor_class": "Master",
-            "raptor_file": os.path.join(EXECUTORS_DIR, "_raptor_master.py"),
+            "raptor_file": os.path.join(RAPTOR_DIR, "raptor_master.py"),
             "environment": yield_cpu_env(yield_cpu)}
 
 

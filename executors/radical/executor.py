@@ -27,7 +27,7 @@ from hetflow.executors._forensics import kill_launch_of
 from hetflow.executors.kernel import Executor, Task
 from hetflow.executors.launch import hydra_deaths
 from hetflow.executors.providers import Provider, ThisMachine, provider_for
-from hetflow.executors._rp_hygiene import session_processes
+from hetflow.executors.radical.hygiene import session_processes
 from hetflow.executors.radical import priority
 from hetflow.executors.radical.configs import LOCAL_RESOURCE, SLURM_RESOURCE, Descriptions
 from hetflow.executors.radical.pilot import FINAL, Pilot, text

@@ -27,9 +27,9 @@ What is done (nothing here needs privileges: only lowering is asked):
   a pilot's start-up and dispatch under other load would crawl (measured: a bare Python
   start took 37 s in a nice-19 group, load 24).
 - hetflow's RAPTOR MPI worker lowers every thread of its ranks but the one that runs the
-  tasks (``executors/_raptor_worker.py``): that is within the rank's own group, for good.
+  tasks (``executors/radical/raptor_worker.py``): that is within the rank's own group, for good.
 
-The shims import nothing; the master and worker use ``executors/_lowprio.py``.
+The shims import nothing; the master and worker use ``executors/radical/lowprio.py``.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ import threading
 import time
 from typing import Callable, Dict, Optional
 
-from hetflow.executors._lowprio import NICE, lower_threads
+from hetflow.executors.radical.lowprio import NICE, lower_threads
 
 #: RP's daemon starters, looked up on ``PATH`` by RP's component manager.
 COMMANDS = ("radical-pilot-bridge", "radical-pilot-component")

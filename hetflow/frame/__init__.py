@@ -22,13 +22,13 @@ Bad input (unknown columns, mismatched key types, ranks whose schemas disagree) 
 from hetflow.frame._aggregate import Agg
 from hetflow.frame._backend import set_backend
 from hetflow.frame._describe import describe
-from hetflow.frame._exchange import barrier
 from hetflow.frame._groupby import GroupBy
 from hetflow.frame._io import read_csv, read_parquet, to_parquet
 from hetflow.frame._join import join
 from hetflow.frame._local import (cast, drop, fill_null, filter_rows, from_pandas, rename, select,
                                   to_pandas, to_polars, with_columns)
-from hetflow.frame._position import concat, head, rebalance, slice_rows, tail
+from hetflow.frame._mpi import barrier
+from hetflow.frame._position import concat, gather, head, rebalance, slice_rows, tail
 from hetflow.frame._setops import difference, intersect, union
 from hetflow.frame._shuffle import shuffle
 from hetflow.frame._sort import sort
@@ -36,24 +36,39 @@ from hetflow.frame._table import DistributedTable, from_local, generate
 from hetflow.frame._unique import unique
 
 
-def gather(table: DistributedTable, root: int = 0):
-    """``table.gather(root)``: all partitions concatenated on ``root``, None elsewhere."""
-    return table.gather(root)
-
-
 def repartition(table: DistributedTable, on, **kw) -> DistributedTable:
-    """``table.repartition(on)``: hash-partition by the ``on`` columns (as :func:`shuffle`)."""
+    """Hash-partition by the ``on`` columns (the same as :func:`shuffle`)."""
     return shuffle(table, on, **kw)
 
+
+def groupby(table: DistributedTable, by) -> GroupBy:
+    """Group by key columns; finish with ``.agg({column: function})``."""
+    return GroupBy(table, by)
+
+
+def _concat_method(self: DistributedTable, *others: DistributedTable) -> DistributedTable:
+    """This table's rows, then each of ``others``'; see :func:`hetflow.frame.concat`."""
+    return concat([self, *others])
+
+
+# The table's methods are the operations' functions (``t.join(u, on="k")`` is
+# ``join(t, u, on="k")``), attached here, where every operation's module is loaded: the
+# table's own module imports none of them, so none imports another through it.
+for _name, _function in {
+        "shuffle": shuffle, "repartition": repartition, "join": join, "sort": sort,
+        "groupby": groupby, "unique": unique, "head": head, "tail": tail, "slice": slice_rows,
+        "rebalance": rebalance, "concat": _concat_method, "union": union,
+        "intersect": intersect, "difference": difference, "describe": describe,
+        "filter": filter_rows, "select": select, "drop": drop, "rename": rename,
+        "with_columns": with_columns, "cast": cast, "fill_null": fill_null,
+        "to_pandas": to_pandas, "to_polars": to_polars, "gather": gather,
+        "to_parquet": to_parquet}.items():
+    setattr(DistributedTable, _name, _function)
+del _name, _function
 
 # frame.slice(t, start, stop) and frame.filter(t, predicate), as the methods are named
 slice = slice_rows
 filter = filter_rows
-
-
-def groupby(table: DistributedTable, by) -> GroupBy:
-    """``table.groupby(by)``: finish with ``.agg({column: function})``."""
-    return table.groupby(by)
 
 
 __all__ = ["Agg", "DistributedTable", "GroupBy", "barrier", "cast", "concat", "describe", "difference",

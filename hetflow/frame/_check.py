@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from hetflow import errors
 from hetflow.errors import HetflowError, InputError, KeyColumnError, SchemaMismatch
+from hetflow.frame._mpi import wait_all
 from hetflow.frame._phases import phase
 
 
@@ -54,7 +55,6 @@ def _agree(comm, schemas, error, facts, what):
     if comm.Get_size() > 1:
         # wait for the slowest rank asleep (a busy-wait in allgather would take the CPU it
         # needs on a full node); the allgather then finds every rank there
-        from hetflow.frame._exchange import wait_all
         wait_all([comm.Ibarrier()])
         gathered = comm.allgather(payload)
     else:
@@ -91,8 +91,6 @@ def _agree_quickly(comm, blobs, error, facts):
     """
     if facts is not None and not _int_facts(facts):
         return None
-    from hetflow.frame._exchange import wait_all  # the exchange imports this module
-
     nf = len(facts) if facts is not None else 0
     mine = np.empty(len(blobs) + 1 + nf, np.int64)
     for i, blob in enumerate(blobs):

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import ConfigError, NotSupported
-from hetflow.frame import _arrays, _check, _exchange
+from hetflow.frame import _arrays, _check, _mpi
 from hetflow.frame._prepare import prepare, require_table
+from hetflow.frame._sort import sort
 from hetflow.frame._table import DistributedTable
 
 
@@ -63,7 +64,7 @@ def describe(table: DistributedTable, columns=None, *,
                    values.min() if n else np.inf, values.max() if n else -np.inf]
     every = np.empty((size,) + mine.shape, np.float64)
     if size > 1:
-        _exchange.wait_all([comm.Iallgather(mine, every)])
+        _mpi.wait_all([comm.Iallgather(mine, every)])
     else:
         every[0] = mine
     stats = {name: _combine(every[:, i]) for i, name in enumerate(names)}
@@ -96,13 +97,12 @@ def _percentiles(comm, values: np.ndarray, total: int, qs) -> list:
     (collective: a distributed sort of this column alone, then one small allreduce)."""
     if not qs or not total:
         return [None] * len(qs)
-    from hetflow.frame._sort import sort
     ordered = sort(DistributedTable(comm, pa.table({"v": _arrays.arrow_of(values)})), "v")
     rows = ordered.local.num_rows
     size, rank = comm.Get_size(), comm.Get_rank()
     counts = np.full(size, rows, np.int64)
     if size > 1:
-        _exchange.wait_all([comm.Iallgather(np.array([rows], np.int64), counts)])
+        _mpi.wait_all([comm.Iallgather(np.array([rows], np.int64), counts)])
     first = int(counts[:rank].sum())
     # each value comes from the one rank that holds its position; the others add 0
     got = np.zeros(len(qs), np.float64)
@@ -113,7 +113,7 @@ def _percentiles(comm, values: np.ndarray, total: int, qs) -> list:
             got[j] = mine[pos]
     if size > 1:
         every = np.empty_like(got)
-        _exchange.wait_all([comm.Iallreduce(got, every, op=_exchange.MPI.SUM)])
+        _mpi.wait_all([comm.Iallreduce(got, every, op=_mpi.MPI.SUM)])
         got = every
     return [float(v) for v in got]
 

@@ -15,134 +15,25 @@ Two formats:
   anything), read back zero-copy from the receive buffer.
 mpi4py >= 4 switches to MPI-4 large-count calls when a count exceeds 2**31 - 1, so a rank may
 exchange more than 2 GiB with a peer (MPICH >= 4.0).
+
+MPI itself (the lazy import, sleeping waits, the raw byte collectives) is :mod:`._mpi`; whole
+tables as IPC streams (gather, allgather) are :mod:`._ipc`.
 """
 from __future__ import annotations
 
-import ctypes
-import time
 from typing import List, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.ipc as ipc
+
 from hetflow.frame._arrays import (_raw_width, _single, arrow_of, destination_dtype, empty,
                                    from_values, plain_values, take_into, to_numpy,
                                    value_buffer)
-from hetflow.frame._backend import libc_function
+from hetflow.frame._ipc import deserialize, write_stream
+from hetflow.frame._mpi import MPI, alltoallv, check_large_counts, starts, wait_all
 from hetflow.frame._phases import phase
 
-_INT_MAX = 2**31 - 1
-
-
-class _LazyMPI:
-    """mpi4py's ``MPI`` module, imported at its first use. Importing ``mpi4py.MPI`` initialises
-    MPI, and a process that only imports the engine must not: a client that defines its apps
-    beside ``from hetflow import frame`` would become an MPI singleton, and every process it
-    forks would leave MPICH's shared-memory segment in /dev/shm (or trip Open MPI's fork
-    check). The ranks, which call the engine, initialise MPI as before."""
-
-    def __getattr__(self, name):
-        from mpi4py import MPI
-
-        return getattr(MPI, name)
-
-
-MPI = _LazyMPI()
-
-
-def _write_stream(sink, schema: pa.Schema, table: pa.Table) -> None:
-    with ipc.new_stream(sink, schema) as writer:
-        writer.write_table(table)
-
-
-def serialize(table: pa.Table) -> pa.Buffer:
-    """One table as an Arrow IPC stream in a buffer."""
-    sink = pa.BufferOutputStream()
-    _write_stream(sink, table.schema, table)
-    return sink.getvalue()
-
-
-def deserialize(buf, schema: Optional[pa.Schema] = None) -> pa.Table:
-    """Read an IPC stream (zero-copy from ``buf``); an empty buffer gives ``schema``'s empty table."""
-    if len(buf) == 0:
-        return schema.empty_table()
-    return ipc.open_stream(pa.py_buffer(buf) if not isinstance(buf, pa.Buffer) else buf).read_all()
-
-
-def _check_large_counts(counts: np.ndarray) -> None:
-    if counts.max(initial=0) > _INT_MAX and MPI.Get_version() < (4, 0):
-        from hetflow.errors import NotSupported
-        raise NotSupported(f"a rank would exchange {int(counts.max())} bytes with one peer, "
-                           "more than 2**31-1, and this MPI library predates MPI-4 large counts")
-
-
-_RAW, _IPC = 0, 1
-
-# Waiting for peers. MPICH's blocking calls busy-poll: on a node with more ranks (and other
-# work) than cores, a rank that waits for a slower peer burns the CPU that peer needs, and its
-# CPU seconds double the operation's real work. Every wait of the exchange therefore posts a
-# non-blocking call and polls it with MPI_Testall: a few hundred polls at full speed (a peer
-# that is already there costs nothing extra), then sleeps from 20 us doubling to 50 us between
-# polls (a wake-up costs a few microseconds of CPU, under a tenth of a core at that rate).
-# The cap is short because one wait spans several steps of MPICH's protocol (the peer's
-# request, the copy, the acknowledgement), each seen only at a poll: with 0.25 ms a 2-rank sort
-# of 100k rows per rank spent ~2 ms of its ~5 ms in waits, with 50 us ~0.6 ms of ~3.7 ms, and
-# 3 ranks sharing 2 cores ran their 4M-row join no slower.
-# Large messages between ranks of one node go by CMA (one kernel copy done by the receiver
-# inside a single poll, MPICH's default here), never a copy stalled on the sender's progress.
-_SPIN_POLLS = 200
-_FIRST_SLEEP, _MAX_SLEEP = 20e-6, 50e-6
-
-
-def wait_all(requests) -> None:
-    """Complete MPI requests, sleeping between polls instead of busy-waiting (see above)."""
-    requests = [r for r in requests if r is not None]
-    if not requests:
-        return
-    test = MPI.Request.Testall
-    with phase("exchange"):
-        for _ in range(_SPIN_POLLS):
-            if test(requests):
-                return
-        delay = _FIRST_SLEEP
-        slack = _set_timer_slack(_SLACK_NS)
-        try:
-            while not test(requests):
-                time.sleep(delay)
-                delay = min(delay * 2, _MAX_SLEEP)
-        finally:
-            if slack is not None:
-                _set_timer_slack(slack)
-
-
-# Linux lets a sleep overrun by the thread's timer slack (50 us by default) so that timers can
-# be batched: a 20 us sleep took ~80 us here, and an operation waits several times. While it
-# polls, a waiting rank asks for 1 us of slack (a 20 us sleep then takes ~30 us) and restores
-# its own setting after.
-_SLACK_NS = 1000
-_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
-_prctl = None
-
-
-def _set_timer_slack(ns: int) -> Optional[int]:
-    """Set this thread's timer slack (Linux prctl); the previous value, or None if unsupported."""
-    global _prctl
-    if _prctl is None:  # looked up once; False where there is none (then sleep as is)
-        _prctl = libc_function("prctl", ctypes.c_int,
-                               [ctypes.c_int] + [ctypes.c_ulong] * 4) or False
-    if not _prctl:
-        return None
-    old = _prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
-    if old < 0 or _prctl(_PR_SET_TIMERSLACK, ns, 0, 0, 0) != 0:
-        return None
-    return old
-
-
-def barrier(comm) -> None:
-    """``comm.Barrier()`` waited for asleep (see :func:`wait_all`): a rank that arrives first
-    leaves the cores to the ranks still working instead of busy-polling beside them."""
-    if comm.Get_size() > 1:
-        wait_all([comm.Ibarrier()])
+_RAW, _IPC = 0, 1  # a column's wire format: plain value buffers, or an IPC stream
 
 
 class RowExchange:
@@ -302,10 +193,10 @@ class RowExchange:
         recv_rows = self.recv_rows.copy()
         recv_rows[self.rank] = 0
         send = self._pack_plain(values)
-        _check_large_counts(np.concatenate([send_rows, recv_rows]) * w)
+        check_large_counts(np.concatenate([send_rows, recv_rows]) * w)
         out = empty(self.num_rows, values.dtype)
-        row_displs = _starts(self.recv_rows)
-        send_displs = _starts(send_rows)
+        row_displs = starts(self.recv_rows)
+        send_displs = starts(send_rows)
         req = self.comm.Ialltoallv(
             [send.view(np.uint8), (send_rows * w, send_displs * w), MPI.BYTE],
             [out.view(np.uint8), (recv_rows * w, row_displs * w), MPI.BYTE])
@@ -342,7 +233,7 @@ class RowExchange:
                 if d == rank or not len(idx):
                     continue
                 start = sink.tell()
-                _write_stream(sink, one, pa.Table.from_arrays([arr.take(arrow_of(idx))],
+                write_stream(sink, one, pa.Table.from_arrays([arr.take(arrow_of(idx))],
                                                               schema=one))
                 meta[d, 0] = sink.tell() - start
             buf = sink.getvalue()
@@ -350,7 +241,7 @@ class RowExchange:
             send = np.frombuffer(buf, np.uint8) if buf.size else np.empty(0, np.uint8)
             wait_all([self.comm.Ialltoall(meta, recv_meta)])
         send_bytes = send.view(np.uint8) if send.size else np.empty(0, np.uint8)
-        recv = _alltoallv(self.comm, send_bytes, meta[:, 0].copy(), recv_meta[:, 0].copy())
+        recv = alltoallv(self.comm, send_bytes, meta[:, 0].copy(), recv_meta[:, 0].copy())
         del send, send_bytes
         with phase("reassemble"):
             return self._assemble_mixed(arr, recv, recv_meta)
@@ -422,7 +313,7 @@ def fetch_together(requests) -> List[pa.Array]:
             sent[rank] = got[rank] = 0
             send_counts += _pad8(sent)
             recv_counts += _pad8(got)
-        _check_large_counts(np.concatenate([send_counts, recv_counts]))
+        check_large_counts(np.concatenate([send_counts, recv_counts]))
         send = empty(int(send_counts.sum()), np.uint8)
         pos = 0
         for d in range(size):
@@ -433,8 +324,8 @@ def fetch_together(requests) -> List[pa.Array]:
                 nbytes = len(idx) * values.dtype.itemsize
                 take_into(values, idx, send[pos:pos + nbytes].view(values.dtype))
                 pos += _pad8(nbytes)
-        send_displs = _starts(send_counts)
-        recv_displs = _starts(recv_counts)
+        send_displs = starts(send_counts)
+        recv_displs = starts(recv_counts)
         recv = empty(int(recv_counts.sum()), np.uint8)
     req = comm.Ialltoallv([send, (send_counts, send_displs), MPI.BYTE],
                           [recv, (recv_counts, recv_displs), MPI.BYTE])
@@ -442,7 +333,7 @@ def fetch_together(requests) -> List[pa.Array]:
         outs, row_displs = [], []
         for ex, _, values in items:
             out = empty(ex.num_rows, values.dtype)
-            displs = _starts(ex.recv_rows)
+            displs = starts(ex.recv_rows)
             own = ex._rows(rank)
             lo = int(displs[rank])
             take_into(values, own, out[lo:lo + len(own)])
@@ -477,65 +368,6 @@ def exchange_rows(comm, table: pa.Table, order: np.ndarray, offsets: Sequence[in
 
 def _is_identity(idx: np.ndarray) -> bool:
     return bool(len(idx) == 0 or (idx[0] == 0 and np.all(np.diff(idx) == 1)))
-
-
-def _starts(counts) -> np.ndarray:
-    """Where each of ``counts``' segments starts when they lie end to end in one buffer (the
-    displacements of a ``*v`` collective: the exclusive prefix sum)."""
-    starts = np.zeros(len(counts), np.int64)
-    np.cumsum(counts[:-1], out=starts[1:])
-    return starts
-
-
-def _alltoallv(comm, send: np.ndarray, send_counts: np.ndarray,
-               recv_counts: np.ndarray) -> np.ndarray:
-    _check_large_counts(np.concatenate([send_counts, recv_counts]))
-    send_displs = _starts(send_counts)
-    recv_displs = _starts(recv_counts)
-    recv = np.empty(int(recv_counts.sum()), np.uint8)
-    wait_all([comm.Ialltoallv([send, (send_counts, send_displs), MPI.BYTE],
-                              [recv, (recv_counts, recv_displs), MPI.BYTE])])
-    return recv
-
-
-def gather(comm, table: pa.Table, root: int = 0) -> Optional[pa.Table]:
-    """The concatenation of every rank's table (in rank order) on ``root``; ``None`` elsewhere."""
-    payload = serialize(table) if table.num_rows else pa.py_buffer(b"")
-    counts = comm.gather(payload.size, root=root)
-    if comm.Get_rank() == root:
-        counts = np.asarray(counts, np.int64)
-        _check_large_counts(counts)
-        displs = _starts(counts)
-        recv = np.empty(int(counts.sum()), np.uint8)
-        comm.Gatherv(np.frombuffer(payload, np.uint8) if payload.size else np.empty(0, np.uint8),
-                     [recv, (counts, displs), MPI.BYTE], root=root)
-        return _concat_streams(recv, counts, displs, table.schema)
-    comm.Gatherv(np.frombuffer(payload, np.uint8) if payload.size else np.empty(0, np.uint8),
-                 None, root=root)
-    return None
-
-
-def allgather(comm, table: pa.Table) -> pa.Table:
-    """The concatenation of every rank's table (in rank order) on every rank (collective):
-    one ``Allgatherv`` of Arrow IPC streams."""
-    payload = serialize(table) if table.num_rows else pa.py_buffer(b"")
-    counts = np.asarray(comm.allgather(payload.size), np.int64)
-    _check_large_counts(counts)
-    displs = _starts(counts)
-    recv = np.empty(int(counts.sum()), np.uint8)
-    send = np.frombuffer(payload, np.uint8) if payload.size else np.empty(0, np.uint8)
-    wait_all([comm.Iallgatherv(send, [recv, (counts, displs), MPI.BYTE])])
-    return _concat_streams(recv, counts, displs, table.schema)
-
-
-def _concat_streams(recv: np.ndarray, counts, displs, schema: pa.Schema) -> pa.Table:
-    """One table of the Arrow IPC streams received back to back in ``recv`` (rank order)."""
-    buf = pa.py_buffer(recv)
-    parts = [deserialize(buf.slice(int(d), int(c)), schema) for d, c in zip(displs, counts) if c]
-    parts = [p for p in parts if p.num_rows]
-    if not parts:
-        return schema.empty_table()
-    return pa.concat_tables(parts).combine_chunks()
 
 
 def split_by(dest: np.ndarray, parts: int, counts: Optional[np.ndarray] = None):

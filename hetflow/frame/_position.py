@@ -1,4 +1,4 @@
-"""Operations by global row position: head, tail, slice, rebalance, concat.
+"""Operations by global row position: head, tail, slice, rebalance, concat, gather.
 
 A distributed table's global row order is its partitions in rank order. These operations keep
 it: a slice keeps each rank's part of the range where it lies (no data moves), a rebalance or
@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
-from hetflow.frame import _check, _exchange
-from hetflow.frame._exchange import MPI
+from hetflow.frame import _check, _exchange, _ipc
+from hetflow.frame._mpi import MPI
 from hetflow.frame._prepare import prepare, require_table
 from hetflow.frame._table import DistributedTable
 
@@ -186,3 +186,11 @@ def concat(tables: Sequence[DistributedTable]) -> DistributedTable:
         parts.append(pa.Table.from_arrays(columns, schema=schema))
     return DistributedTable(comm, pa.concat_tables(parts), backend="cpu")
 
+
+
+def gather(table: DistributedTable, root: int = 0) -> Optional[pa.Table]:
+    """All partitions concatenated in rank order (the global order) on ``root``, None
+    elsewhere (collective; the ranks first agree on the schema)."""
+    table = require_table(table, "gather: table")
+    _check.agree(table.comm, [table.local.schema])
+    return _ipc.gather(table.comm, table.local, root)

@@ -6,7 +6,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from hetflow.errors import ConfigError, InputError
+from hetflow.errors import ConfigError, InputError, TableHandoffError
 from hetflow.frame import _backend
 from hetflow.frame._arrays import arrow_of
 
@@ -18,6 +18,10 @@ class DistributedTable:
     :meth:`shuffle`, :meth:`groupby` and :meth:`gather` are collective: every rank of ``comm``
     must call them, in the same order. ``backend`` names the compute path that produced this
     table (``"cpu"`` for data handed in or read from files).
+
+    This module holds the data and its facts only; the operations are functions of their own
+    modules, attached as methods where the package is assembled (``hetflow/frame/__init__.py``),
+    so no operation module imports another through the table.
     """
 
     __slots__ = ("comm", "local", "backend")
@@ -64,144 +68,9 @@ class DistributedTable:
     def __reduce__(self):
         # Its communicator ends with the task: pickled, it would arrive as one rank's rows
         # on a dead communicator. Returned on its own, the runner hands it over whole.
-        from hetflow.errors import TableHandoffError
         raise TableHandoffError(
             "a DistributedTable cannot be pickled: return it from the task on its own (the "
             "task then resolves to a hetflow.TableHandle of the whole table), or gather() it")
-
-    # -- operations (collective) -------------------------------------------------------------
-    def shuffle(self, on, **kw) -> "DistributedTable":
-        """Hash-partition rows by ``on``: equal keys end up on the same rank."""
-        from hetflow.frame._shuffle import shuffle
-        return shuffle(self, on, **kw)
-
-    def join(self, other: "DistributedTable", on=None, **kw) -> "DistributedTable":
-        """Distributed join with ``other``; see :func:`hetflow.frame.join`."""
-        from hetflow.frame._join import join
-        return join(self, other, on, **kw)
-
-    def sort(self, by, ascending=True, **kw) -> "DistributedTable":
-        """Globally sorted copy; see :func:`hetflow.frame.sort`."""
-        from hetflow.frame._sort import sort
-        return sort(self, by, ascending, **kw)
-
-    def groupby(self, by) -> "GroupBy":  # noqa: F821 - _groupby imports this module
-        """Group by key columns; finish with ``.agg({...})``."""
-        from hetflow.frame._groupby import GroupBy
-        return GroupBy(self, by)
-
-    def unique(self, subset=None, **kw) -> "DistributedTable":
-        """Drop duplicate rows (over ``subset`` columns), keeping each first occurrence."""
-        from hetflow.frame._unique import unique
-        return unique(self, subset, **kw)
-
-    def head(self, n: int = 5) -> "DistributedTable":
-        """The first ``n`` rows of the global order (rank order); no data moves."""
-        from hetflow.frame._position import head
-        return head(self, n)
-
-    def tail(self, n: int = 5) -> "DistributedTable":
-        """The last ``n`` rows of the global order; no data moves."""
-        from hetflow.frame._position import tail
-        return tail(self, n)
-
-    def slice(self, start: Optional[int] = None, stop: Optional[int] = None
-              ) -> "DistributedTable":
-        """Rows ``start:stop`` of the global order (Python slice semantics); no data moves."""
-        from hetflow.frame._position import slice_rows
-        return slice_rows(self, start, stop)
-
-    def rebalance(self, rows: Optional[Sequence[int]] = None) -> "DistributedTable":
-        """Equal rows per rank (to within one; or ``rows[r]`` on rank r), global order kept."""
-        from hetflow.frame._position import rebalance
-        return rebalance(self, rows)
-
-    def repartition(self, on, **kw) -> "DistributedTable":
-        """Hash-partition by the ``on`` columns (the same as :meth:`shuffle`)."""
-        from hetflow.frame._shuffle import shuffle
-        return shuffle(self, on, **kw)
-
-    def concat(self, *others: "DistributedTable") -> "DistributedTable":
-        """This table's rows, then each of ``others``'; see :func:`hetflow.frame.concat`."""
-        from hetflow.frame._position import concat
-        return concat([self, *others])
-
-    def union(self, other: "DistributedTable", **kw) -> "DistributedTable":
-        """Distinct rows of both tables (SQL ``UNION``)."""
-        from hetflow.frame._setops import union
-        return union(self, other, **kw)
-
-    def intersect(self, other: "DistributedTable", **kw) -> "DistributedTable":
-        """Distinct rows found in both tables (SQL ``INTERSECT``)."""
-        from hetflow.frame._setops import intersect
-        return intersect(self, other, **kw)
-
-    def difference(self, other: "DistributedTable", **kw) -> "DistributedTable":
-        """Distinct rows of this table not in ``other`` (SQL ``EXCEPT``)."""
-        from hetflow.frame._setops import difference
-        return difference(self, other, **kw)
-
-    def describe(self, columns=None, **kw) -> pa.Table:
-        """Summary statistics of the numeric columns (a small table on every rank)."""
-        from hetflow.frame._describe import describe
-        return describe(self, columns, **kw)
-
-    # -- row-wise operations on each partition (collective only in their error check) --------
-    def filter(self, predicate) -> "DistributedTable":
-        """Rows where a ``pyarrow.compute`` expression holds (``pc.field("v") > 0``)."""
-        from hetflow.frame._local import filter_rows
-        return filter_rows(self, predicate)
-
-    def select(self, columns) -> "DistributedTable":
-        """Only the named columns, in that order."""
-        from hetflow.frame._local import select
-        return select(self, columns)
-
-    def drop(self, columns) -> "DistributedTable":
-        """Every column but the named ones."""
-        from hetflow.frame._local import drop
-        return drop(self, columns)
-
-    def rename(self, mapping) -> "DistributedTable":
-        """Columns renamed by ``{old: new}``."""
-        from hetflow.frame._local import rename
-        return rename(self, mapping)
-
-    def with_columns(self, columns=None, **named) -> "DistributedTable":
-        """Columns added or replaced: expressions, functions of the partition, or scalars."""
-        from hetflow.frame._local import with_columns
-        return with_columns(self, columns, **named)
-
-    def cast(self, dtypes, **kw) -> "DistributedTable":
-        """Columns cast to new types (``{name: pyarrow type}`` or a schema)."""
-        from hetflow.frame._local import cast
-        return cast(self, dtypes, **kw)
-
-    def fill_null(self, value=None, **kw) -> "DistributedTable":
-        """Nulls replaced by ``value`` (columns it fits) or ``columns={name: value}``."""
-        from hetflow.frame._local import fill_null
-        return fill_null(self, value, **kw)
-
-    def to_pandas(self, root: int = 0, **kw):
-        """The gathered table as a pandas DataFrame on ``root``, None elsewhere (collective)."""
-        from hetflow.frame._local import to_pandas
-        return to_pandas(self, root, **kw)
-
-    def to_polars(self, root: int = 0):
-        """The gathered table as a polars DataFrame on ``root``, None elsewhere (collective)."""
-        from hetflow.frame._local import to_polars
-        return to_polars(self, root)
-
-    def gather(self, root: int = 0) -> Optional[pa.Table]:
-        """All partitions concatenated in rank order on ``root`` (collective); None elsewhere."""
-        from hetflow.frame import _check, _exchange
-        _check.agree(self.comm, [self.local.schema])
-        return _exchange.gather(self.comm, self.local, root)
-
-    def to_parquet(self, directory, **kw) -> str:
-        """Write each rank's partition as ``directory/part-RRRRR.parquet`` (collective)."""
-        from hetflow.frame._io import to_parquet
-        return to_parquet(self, directory, **kw)
 
 
 def from_local(comm, table: pa.Table) -> DistributedTable:

@@ -36,7 +36,7 @@ import time
 import radical.pilot as rp
 from mpi4py import MPI
 
-from hetflow.executors import _lowprio
+from hetflow.executors.radical import lowprio as _lowprio
 from hetflow.executors._rank import unlink_mapped_mpi_shm
 
 #: Seconds between the polls of a rank waiting for its peers at the worker's start.

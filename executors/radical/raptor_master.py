@@ -12,7 +12,7 @@ and relays the tasks it holds), so announcing again is safe; it stops with the f
 which hetflow's probe sends at once.
 
 RP loads this file by path in the pilot (the master task's ``raptor_file``, this file in
-hetflow's install): it imports only ``hetflow.executors._lowprio`` from hetflow (standard
+hetflow's install): it imports only ``hetflow.executors.radical.lowprio`` from hetflow (standard
 library only). Every announcement goes through :meth:`Master.announce` (the tests' master
 loses some there).
 
@@ -24,7 +24,7 @@ import threading
 import radical.pilot as rp
 import radical.utils as ru
 
-from hetflow.executors import _lowprio
+from hetflow.executors.radical import lowprio as _lowprio
 
 #: Seconds between announcements, and how long to keep announcing without a task.
 REPEAT_S, GIVE_UP_S = 2.0, 600.0
