@@ -4,7 +4,7 @@ While a rank runs its share of a task with sampling on (the payload's ``files`` 
 interval), a thread of the rank reads the rank process's own use and appends one JSON line
 per sample to ``samples-<rank>.jsonl`` in the task's files dir (owner-only, beside the
 rank's output; see :mod:`hetflow.executors._rankio`): one when the function starts, one
-every interval, one when it returns. The client reads the lines
+every interval, one when it returns (the first is written with the second). The client reads the lines
 (:mod:`hetflow.executors.monitoring`); nothing in them is ever unpickled.
 
 A sample's fields:
@@ -19,16 +19,16 @@ A sample's fields:
                      (the first sample: 0)
 ``rss``, ``vms``     resident and virtual memory, bytes
 ``memory_percent``   ``rss`` against the node's memory
-``threads``,         threads, CPU it last ran on, context switches (voluntary,
-``cpu_num``,         involuntary), bytes read and written (``/proc/self/io``)
-``ctx_voluntary``,
-``ctx_involuntary``,
+``ctx_voluntary``,   context switches (voluntary, involuntary), bytes read and
+``ctx_involuntary``, written (``/proc/self/io``; null in the first sample)
 ``read_bytes``,
 ``write_bytes``
 ``gpus``             one entry per GPU bound to the rank (``CUDA_VISIBLE_DEVICES``):
                      ``index``, ``utilization`` (percent), ``memory_used`` (bytes, the
-                     device), ``process_memory`` (bytes, this rank); null when none
-``gpu_note``         why ``gpus`` is null: no GPU bound to the rank, or no way to read it
+                     device), ``process_memory`` (bytes, this rank); null when none,
+                     and in the first sample (a query can take tens of milliseconds)
+``gpu_note``         why ``gpus`` is null: no GPU bound to the rank, no way to read it,
+                     or the first sample
 ``final``            true for the sample taken when the function returned
 ===================  ============================================================
 
@@ -38,6 +38,7 @@ those fields are null. GPUs are read through NVML (``pynvml``, where installed) 
 """
 from __future__ import annotations
 
+import _thread
 import os
 import time
 
@@ -46,12 +47,18 @@ def sample_name(rank: int) -> str:
     return f"samples-{rank}.jsonl"
 
 
-def _proc(name: str) -> str:
+def _proc(name: str) -> bytes:
+    # os.open/os.read, not open(): a text file object costs several times the read itself.
     try:
-        with open(f"/proc/self/{name}") as fh:
-            return fh.read()
+        fd = os.open(f"/proc/self/{name}", os.O_RDONLY)
     except OSError:
-        return ""
+        return b""
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -61,33 +68,33 @@ except (AttributeError, ValueError, OSError):
     _MEMORY = 0
 
 
-def read_self() -> dict:
+def read_self(io: bool = True) -> dict:
     """This process's use now (the fields above but ``time``, ``rank``, ``cpu_percent``,
-    ``gpus``)."""
+    ``gpus``); ``io=False`` leaves the byte counts out (null)."""
     import resource
 
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
         resource.RUSAGE_CHILDREN)
-    sample = {"pid": os.getpid(), "host": os.uname().nodename,
+    sample = {"pid": os.getpid(), "host": _HOST,
               "cpu_user_s": own.ru_utime + children.ru_utime,
               "cpu_system_s": own.ru_stime + children.ru_stime,
               "ctx_voluntary": own.ru_nvcsw, "ctx_involuntary": own.ru_nivcsw,
-              "rss": None, "vms": None, "memory_percent": None, "threads": None,
-              "cpu_num": None, "read_bytes": None, "write_bytes": None}
+              "rss": None, "vms": None, "memory_percent": None,
+              "read_bytes": None, "write_bytes": None}
     statm = _proc("statm").split()
     if len(statm) >= 2:
         sample["vms"], sample["rss"] = int(statm[0]) * _PAGE, int(statm[1]) * _PAGE
         if _MEMORY:
             sample["memory_percent"] = 100.0 * sample["rss"] / _MEMORY
-    stat = _proc("stat").rsplit(")", 1)
-    fields = stat[1].split() if len(stat) == 2 else []
-    if len(fields) > 36:        # proc(5): num_threads is field 20, processor field 39
-        sample["threads"], sample["cpu_num"] = int(fields[17]), int(fields[36])
-    for line in _proc("io").splitlines():
-        key, _, value = line.partition(":")
-        if key in ("rchar", "wchar"):
-            sample["read_bytes" if key == "rchar" else "write_bytes"] = int(value)
+    if io:
+        for line in _proc("io").splitlines():
+            key, _, value = line.partition(b":")
+            if key in (b"rchar", b"wchar"):
+                sample["read_bytes" if key == b"rchar" else "write_bytes"] = int(value)
     return sample
+
+
+_HOST = os.uname().nodename
 
 
 def read_gpus(visible) -> tuple:
@@ -149,65 +156,84 @@ def _smi(ids) -> list:
 class Sampler:
     """One rank's sampling for one task: a context manager around the task's function.
 
-    Best-effort like the output capture: a files dir the rank cannot write costs the task
-    its samples, never its run.
+    What a task that ends within one interval costs is kept small: the first sample is read
+    in memory (CPU, memory; no I/O counters, no GPU query) and written with the last in one
+    write; the thread is started without waiting for it and is never joined (it wakes to
+    find the task over, and ends). Best-effort like the output capture: a files dir the
+    rank cannot write costs the task its samples, never its run.
     """
 
     def __init__(self, directory: str, rank: int, interval: float):
         self.directory, self.rank, self.interval = directory, rank, interval
         self._fd = -1
-        self._last = None       # (time, cpu seconds) of the previous sample
-        self._thread = None
-        self._stop = None
+        self._pending = ""          # lines not yet written
+        self._last = None           # (time, cpu seconds) of the previous sample
+        self._mutex = _thread.allocate_lock()
+        self._stop = _thread.allocate_lock()     # held while the task runs
+        self._closed = False
 
     def __enter__(self) -> "Sampler":
-        try:
-            self._fd = os.open(os.path.join(self.directory, sample_name(self.rank)),
-                               os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        except OSError:
-            return self
-        self._write(final=False)
+        self._take(final=False, first=True)
         if self.interval > 0:
-            import threading
-
-            self._stop = threading.Event()
-            self._thread = threading.Thread(target=self._run, daemon=True,
-                                            name=f"hetflow-samples-{self.rank}")
-            self._thread.start()
+            self._stop.acquire()
+            try:
+                _thread.start_new_thread(self._run, ())
+            except RuntimeError:     # no thread to be had: the first and last samples only
+                pass
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._write(final=False)
+        while not self._stop.acquire(timeout=self.interval):
+            with self._mutex:
+                if self._closed:
+                    return
+                self._take(final=False)
+                self._flush()
+        self._stop.release()
 
     def __exit__(self, *exc) -> None:
-        if self._fd < 0:
-            return
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-        self._write(final=True)
-        os.close(self._fd)
-        self._fd = -1
+        with self._mutex:
+            self._closed = True
+            self._take(final=True)
+            self._flush()
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+        if self._stop.locked():
+            self._stop.release()
 
-    def _write(self, final: bool) -> None:
+    def _take(self, final: bool, first: bool = False) -> None:
         import json
 
         try:
-            sample = read_self()
+            sample = read_self(io=not first)
             now = time.time()
             cpu = sample["cpu_user_s"] + sample["cpu_system_s"]
             percent = 0.0
             if self._last is not None and now > self._last[0]:
                 percent = 100.0 * (cpu - self._last[1]) / (now - self._last[0])
             self._last = (now, cpu)
-            gpus, note = read_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
+            gpus, note = (None, "GPUs are not read when the task starts") if first and \
+                os.environ.get("CUDA_VISIBLE_DEVICES") else read_gpus(
+                    os.environ.get("CUDA_VISIBLE_DEVICES"))
             sample.update(time=now, rank=self.rank, cpu_percent=percent, gpus=gpus,
                           gpu_note=note, final=final)
-            # One write of a whole line to an O_APPEND file: the reader sees whole lines.
-            os.write(self._fd, (json.dumps(sample) + "\n").encode())
+            self._pending += json.dumps(sample) + "\n"
         except Exception:  # noqa: BLE001 - a sample that fails is skipped, the task runs on
             pass
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        try:
+            if self._fd < 0:
+                self._fd = os.open(os.path.join(self.directory, sample_name(self.rank)),
+                                   os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            # Whole lines in one write to an O_APPEND file: the reader sees whole lines.
+            os.write(self._fd, self._pending.encode())
+        except OSError:
+            pass
+        self._pending = ""
 
 
 class _Off:

@@ -10,8 +10,8 @@ stops work, through these hooks:
                             queue gave it) and ``task.devices`` (GPU ids: give the
                             ranks :meth:`Executor.rank_resources`, which the shared
                             rank binding applies); called on the kernel's dispatch
-                            thread (or the one calling ``release``), so hand long work to a
-                            thread or an event loop. When the
+                            thread (``dispatch_on_release``: the one calling ``release``),
+                            so hand long work to a thread or an event loop. When the
                             task ends, call :meth:`Executor.complete` with the ranks'
                             outcomes (or :meth:`Executor.finish` with a value or error).
 ``_stop(task, error)``      required. Stop the running task's processes now. ``error``
@@ -34,8 +34,7 @@ own, and may change):
 ``complete(task, outcomes, **evidence)``  deliver the task from its ranks' outcomes.
 ``finish(task, value, error, release=)``  deliver a value or an error; free its slots.
 ``launched(task, at=None)`` the task's processes started (``reports_launch`` runtimes).
-``release(slots)``          free slots a ``release=False`` delivery kept; what fits on
-                            them starts at once, ``_start`` called on the caller's thread.
+``release(slots)``          free slots a ``release=False`` delivery kept.
 ``requeue(*tasks, release=)``  queue running tasks again, first.
 ``dequeue(task)``           take a queued task out of the queue (True if it was there).
 ``rank_resources(task)``    the task's resources as its ranks read them, with its devices.
@@ -66,7 +65,6 @@ from concurrent.futures import Future
 from typing import Any, ContextManager, Dict, List, Optional, Protocol, runtime_checkable
 
 from parsl.executors.base import ParslExecutor
-from parsl.executors.errors import InvalidResourceSpecification
 
 from hetflow import errors, tables
 from hetflow.apps import ARGUMENTS_KWARG
@@ -75,44 +73,11 @@ from hetflow.executors import monitoring, rankio, stacks
 from hetflow.executors._rank import TaskPayload, collect
 from hetflow.executors.allocation import default_slots
 from hetflow.executors.dispatch import Task, TaskQueue
+from hetflow.executors.resource_spec import InvalidResourceSpec, read_resources  # noqa: F401
 from hetflow.executors.scheduler import SlotScheduler
 from hetflow.executors.watch import Watch
 from hetflow.spec import Resources, gpu_ids
 from hetflow.tasks import TaskState, TaskTimes
-
-
-class InvalidResourceSpec(ConfigError, InvalidResourceSpecification):
-    """A ``parsl_resource_specification`` hetflow cannot read: another executor's keys, or
-    hetflow's own with bad values.
-
-    It is both a hetflow :class:`~hetflow.ConfigError` and Parsl's
-    ``InvalidResourceSpecification``, so code written for either catches it. It lives
-    here, where Parsl is imported anyway: ranks import ``hetflow.errors`` and must not
-    pay for Parsl.
-    """
-
-    def __init__(self, message: str, invalid_keys=()):
-        ConfigError.__init__(self, message)
-        self.message = message
-        self.invalid_keys = set(invalid_keys)
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __reduce__(self):
-        return (type(self), (self.message, self.invalid_keys))
-
-
-def read_resources(spec) -> Resources:
-    """``Resources`` from a task's ``parsl_resource_specification``, or InvalidResourceSpec."""
-    try:
-        return Resources.from_spec(spec)
-    except (ConfigError, TypeError) as exc:
-        try:
-            keys = set(spec)
-        except TypeError:   # not a mapping at all
-            keys = {type(spec).__name__}
-        raise InvalidResourceSpec(str(exc), keys) from exc
 
 
 @runtime_checkable
@@ -143,6 +108,9 @@ class Executor(ParslExecutor):
     #: it calls :meth:`_launched` when the task's processes start, and the walltime counts
     #: from there. Otherwise the task counts as launched when ``_start`` is called.
     reports_launch: bool = False
+    #: True: what fits on slots freed by :meth:`release` starts on the caller's thread, not
+    #: the dispatch thread (the pool's broker, whose ``_start`` only posts to itself).
+    dispatch_on_release: bool = False
     #: Where the ranks' output goes: ``"console"`` (the client's stdout, each line prefixed
     #: ``[task N rank R]``), ``"files"`` (``<runtime dir>/output/task-NNNNNN.log``), a text
     #: stream, or ``"off"`` (not captured). ``hetflow.runtime(output=...)`` sets it.
@@ -378,9 +346,8 @@ class Executor(ParslExecutor):
                 "devices": list(task.devices) if self.gpus else None}
 
     def release(self, slots) -> None:
-        """Free slots outside :meth:`finish` (``release=False`` runtimes), and start the tasks
-        that fit on them now, on the calling thread (no hand-over to the dispatch thread)."""
-        self._queue.release(slots, now=True)
+        """Free slots outside :meth:`finish` (``release=False`` runtimes)."""
+        self._queue.release(slots, now=self.dispatch_on_release)
 
     def requeue(self, *tasks: Task, release: bool = False) -> None:
         """Queue running tasks again, first (they lost their ranks through no fault of their

@@ -89,19 +89,22 @@ class TaskSamples:
 
     def _read_rank(self, rank: int) -> List[dict]:
         path, offset = self._offsets.get(rank, (None, 0))
-        if path is None:
-            for directory in self.directories:
-                candidate = os.path.join(directory, sample_name(rank))
-                if os.path.exists(candidate):
-                    path = candidate
-                    break
-            else:
-                return []
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(offset)
-                data = fh.read()
-        except OSError:
+        data = None
+        for candidate in (path,) if path else (os.path.join(d, sample_name(rank))
+                                               for d in self.directories):
+            try:
+                fd = os.open(candidate, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                data = os.pread(fd, 1 << 24, offset)
+            finally:
+                os.close(fd)
+            path = candidate
+            break
+        if not data:
+            if path is not None:
+                self._offsets[rank] = (path, offset)
             return []
         cut = data.rfind(b"\n") + 1
         self._offsets[rank] = (path, offset + cut)
@@ -131,12 +134,12 @@ class TaskSamples:
         return stamp
 
     def remove_files(self) -> None:
-        for rank in range(self.ranks):
-            for directory in self.directories:
-                try:
-                    os.unlink(os.path.join(directory, sample_name(rank)))
-                except OSError:
-                    pass
+        """Remove the files the ranks wrote (read to their end by now)."""
+        for path, _ in self._offsets.values():
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def resource_message(samples: TaskSamples, sample: dict, run_id: str) -> dict:
@@ -155,8 +158,7 @@ def resource_message(samples: TaskSamples, sample: dict, run_id: str) -> dict:
             "psutil_process_disk_read": sample["read_bytes"],
             "psutil_process_disk_write": sample["write_bytes"],
             "psutil_process_status": "sleeping" if sample["final"] else "running",
-            "psutil_cpu_num": sample["cpu_num"],
-            "psutil_process_num_threads": sample["threads"],
+            "psutil_cpu_num": None,
             "psutil_cpu_count": os.cpu_count(),
             "psutil_process_num_ctx_switches_voluntary": sample["ctx_voluntary"],
             "psutil_process_num_ctx_switches_involuntary": sample["ctx_involuntary"]}

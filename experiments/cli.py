@@ -1,6 +1,7 @@
 """``hetflow bench`` / ``python -m hetflow.experiments``: run named experiments, write results and a report.
 
     hetflow bench weak [--quick] [--repeats N] [--rows 1e6,2e6] [--executors mpirun,pool] [--out DIR]
+    hetflow bench throughput [--queued 1000,1e4] [--slots 2,32]      # tasks/s vs tasks queued
     hetflow bench all --out experiments/results        # every experiment, one report
     hetflow bench report DIR/results.jsonl             # the report again, from the results alone
     hetflow bench list                                 # the experiments and what they measure
@@ -80,6 +81,8 @@ def build_parser(prog: str = "hetflow bench",
     parser.add_argument("--rows", help="comma-separated row counts (per rank or total, as the "
                         "experiment reads them), e.g. 1e6,2_000_000")
     parser.add_argument("--ranks", help="comma-separated rank counts, e.g. 1,2,4")
+    parser.add_argument("--queued", help="(throughput) comma-separated task counts, e.g. 1000,1e4")
+    parser.add_argument("--slots", help="(throughput) comma-separated slot counts, e.g. 2,32")
     parser.add_argument("--executors", help="comma-separated runtimes, e.g. mpirun,pool "
                         "(not installed ones are skipped and reported)")
     parser.add_argument("--out", help="output directory (default ./hetflow-bench-<time>); the "
@@ -115,7 +118,8 @@ def main(argv: Optional[List[str]] = None, prog: str = "hetflow bench") -> int:
             names = [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]
         overrides = dict(repeats=args.repeats, iterations=args.iterations,
                          rows=configs.parse_ints(args.rows), ranks=configs.parse_ints(args.ranks),
-                         executors=_split(args.executors))
+                         executors=_split(args.executors), queued=configs.parse_ints(args.queued),
+                         slots=configs.parse_ints(args.slots))
         cfgs = [configs.load(n, quick=args.quick).replace(**overrides) for n in names]
         if args.experiment == "all":  # the paper-scale run is asked for by name
             cfgs = [c for c in cfgs if c.in_all]

@@ -27,6 +27,7 @@ KINDS = {
     "paper": "per_rank",      # rows per rank of the weak cases (strong: ``strong_rows``)
     "pipeline": "per_rank",   # events per rank of the features task
     "throughput": "total",    # (unused: ``queued`` gives the task counts)
+    "soak": "total",          # throughput's 100,000-task run
 }
 #: How the pipeline's features table reaches its later tasks (see experiments/pipeline.py).
 HANDOFFS = ("table", "keep")

@@ -188,3 +188,25 @@ def test_cancelled_deadlines_do_not_pile_up():
         assert fired == [1]
     finally:
         watch.close()
+
+
+@pytest.mark.timeout(900)
+def test_the_throughput_experiment_runs_and_reports(tmp_path):
+    # `hetflow bench throughput`, tiny: the pool beside Parsl's thread pool, nothing lost,
+    # the table in the report.
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "hetflow", "bench", "throughput", "--quick",
+                           "--queued", "40", "--no-plots", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in open(tmp_path / "results.jsonl")]
+    runs = [r for r in rows if r["kind"] == "throughput"]
+    assert {(r["executor"], r["ranks"]) for r in runs} == {
+        ("pool", 1), ("pool", 2), ("threads", 1), ("threads", 2)}
+    assert all(r["queued"] == 40 and r["lost"] == 0 and r["tasks_per_s"] > 0 for r in runs)
+    report = (tmp_path / "report.md").read_text()
+    assert "| tasks | ranks | slots | pool | threads | pool − Parsl ms/task |" in report
+    assert "Tasks lost over every run: 0." in report

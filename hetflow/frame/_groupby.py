@@ -91,13 +91,13 @@ def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
         source = shuffle(source, list(by))          # the values of each group meet here
     if _aggregate.holistic(planned) or comm.Get_size() == 1:
         with step(comm, "groupby: aggregating the groups"):
-            out = _whole_groups(source, by, planned)
+            out = _aggregate.whole(source, by, planned)
         return out
     names = _names(by, planned)
-    partial = _partials(source, by, planned, names)
     # the partials' types as an empty partition gives them, the same on every rank (the
     # exchange reads each rank's columns as the agreed types)
-    partial = partial.cast(_partials(source.slice(0, 0), by, planned, names).schema)
+    schema = _aggregate.partials(source.slice(0, 0), by, planned, names).schema
+    partial = _aggregate.partials(source, by, planned, names).cast(schema)
     del source
     merged = shuffle(partial, list(by))             # one row per group and source rank
     del partial
@@ -109,37 +109,21 @@ def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
 def _merged(merged: pa.Table, by: List[str], planned: Sequence[Planned],
             names: List[str]) -> pa.Table:
     """The results of the partial rows of this rank's groups (one per group and source)."""
-    if _aggregate.arrow_only(planned):
-        merged = _aggregate.by_arrow(merged, by, planned, names, merging=True)
-        return _finished(merged, by, planned, names)
-    g = _aggregate.group_ids([merged.column(k) for k in by])
-    parts = _aggregate.combine(_split(merged, planned, names), g, planned)
-    return _result(merged, by, g, _aggregate.finish(parts, planned), planned)
-
-
-def _split(table: pa.Table, planned: Sequence[Planned], names: List[str]):
-    """The ``names`` columns of ``table``, as each aggregation's list of partial columns."""
-    flat = [_arrays._single(table.column(n)) for n in names]
-    parts, i = [], 0
+    merged = _aggregate.partials(merged, by, planned, names, merging=True)
+    parts, i = [], len(by)
     for p in planned:
-        k = len(_aggregate.part_names(p))
-        parts.append(flat[i:i + k])
-        i += k
-    return parts
-
-
-def _finished(partial: pa.Table, by: List[str], planned: Sequence[Planned],
-              names: List[str]) -> pa.Table:
-    """The results of one partial row per group (its keys and ``names`` columns)."""
-    results = _aggregate.finish(_split(partial, planned, names), planned)
-    return pa.Table.from_arrays([_arrays._single(partial.column(k)) for k in by] + results,
+        width = len(_aggregate.part_names(p))
+        parts.append([_arrays._single(merged.column(j)) for j in range(i, i + width)])
+        i += width
+    return pa.Table.from_arrays([_arrays._single(merged.column(k)) for k in by]
+                                + _aggregate.finish(parts, planned),
                                 names=list(by) + [p.out for p in planned])
 
 
 def result_schema(schema: pa.Schema, by: List[str], planned: Sequence[Planned]) -> pa.Schema:
     """The schema of the group-by's result: the kernels' own, on an empty partition."""
     columns = list(dict.fromkeys(list(by) + [p.column for p in planned]))
-    return _whole_groups(schema.empty_table().select(columns), by, planned).schema
+    return _aggregate.whole(schema.empty_table().select(columns), by, planned).schema
 
 
 def _private(names: Sequence[str], stem: str) -> str:
@@ -152,47 +136,3 @@ def _names(by: List[str], planned: Sequence[Planned]) -> List[str]:
     """The partial columns' names (none of them a key's)."""
     stem = _private(by, "__hetflow_part")
     return [f"{stem}{i}_{j}" for i, p in enumerate(planned) for j in _aggregate.part_names(p)]
-
-
-def _partials(source: pa.Table, by: List[str], planned: Sequence[Planned],
-              names: List[str]) -> pa.Table:
-    """One row per group of ``source``: its keys, then every aggregation's partial columns."""
-    if _aggregate.arrow_only(planned):
-        return _aggregate.by_arrow(source, by, planned, names, merging=False)
-    g = _aggregate.group_ids([source.column(k) for k in by])
-    columns = {n: _arrays._single(source.column(n)) for n in source.column_names}
-    parts = _aggregate.local(columns, g, planned)
-    keys = source.select(list(by)).take(_arrays.arrow_of(g.first))
-    return pa.Table.from_arrays([_arrays._single(keys.column(k)) for k in by]
-                                + [c for cols in parts for c in cols], names=list(by) + names)
-
-
-def _whole_groups(source: pa.Table, by: List[str], planned: Sequence[Planned]) -> pa.Table:
-    """The aggregations of ``source``'s groups, all of whose rows are here."""
-    if _aggregate.arrow_only(planned):
-        names = _names(by, planned)
-        return _finished(_partials(source, by, planned, names), by, planned, names)
-    g = _aggregate.group_ids([source.column(k) for k in by])
-    columns = {n: _arrays._single(source.column(n)) for n in source.column_names}
-    results = _aggregate.finish(_aggregate.local(columns, g, planned), planned)
-    return _result(source, by, g, results, planned)
-
-
-def _result(source: pa.Table, by: List[str], g: _aggregate.Groups, results: List[pa.Array],
-            planned: Sequence[Planned]) -> pa.Table:
-    keys = source.select(list(by)).take(_arrays.arrow_of(g.first))
-    return pa.Table.from_arrays([_arrays._single(keys.column(k)) for k in by] + results,
-                                names=list(by) + [p.out for p in planned])
-
-
-def group_by(table: pa.Table, by: List[str]):
-    """``table.group_by(by)`` on one thread (a deterministic group order); pyarrow < 12 has no
-    ``use_threads`` and gives its own order, which no caller relies on (``unique`` sorts the
-    rows it keeps)."""
-    try:
-        return table.group_by(by, use_threads=False)
-    except TypeError:  # pyarrow < 12 (pycylon's environments pin pyarrow 9-10)
-        # whose grouping reads every column by the first one's chunks: columns chunked
-        # differently (a set operation's tags beside its concatenated sides) gave wrong groups
-        # or a segfault
-        return table.combine_chunks().group_by(by)

@@ -18,6 +18,7 @@ import pyarrow as pa
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
 from hetflow.frame import (_arrays, _backend, _broadcast, _check, _cylon_rules, _exchange, _hash,
                            _localjoin, _pycylon)
+from hetflow.frame._agreement import step
 from hetflow.frame._arrays import destination_dtype, from_values
 from hetflow.frame._exchange import MPI
 from hetflow.frame._phases import phase
@@ -110,7 +111,7 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
     lt = shuffle_local(comm, canonical_zero(left.local, lk), lk, be)
     rt = shuffle_local(comm, canonical_zero(right.local, rk), rk, be)
     del left, right  # the caller still holds them; we only drop our references
-    with phase("local"):
+    with step(comm, "join: the local join"), phase("local"):
         out = _localjoin.join(lt, rt, lk, rk, how, tuple(suffixes))
     return prep.result(out)
 
@@ -178,8 +179,9 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
         keys, fetch_left, fetch_right = _shuffled_keys(comm, left, right, lkey, rkey, be,
                                                        residues, batched)
     stride = comm.Get_size() if residues is not None else 1
-    with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
+    with step(comm, "join: matching the keys"), phase("local"):
         li, ri = _localjoin.match(keys["left"], keys["right"], how, stride, identity=True)
+    with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
         return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
                                    fetch_left, fetch_right, keys)
 
@@ -217,9 +219,10 @@ def _join_by_hash(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, h
         del tagged, routing
         lh, rh = fetch_left(names[0]), fetch_right(names[1])
     del hashes
-    with phase("local"):
+    with step(comm, "join: matching the keys"), phase("local"):
         li, ri = _localjoin.match_by_hash(lh, rh, keys["left"], keys["right"], how)
-        del lh, rh
+    del lh, rh
+    with phase("local"):
         return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
                                    fetch_left, fetch_right, keys)
 
