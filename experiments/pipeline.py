@@ -58,6 +58,7 @@ def features_task(comm, rows_per_rank: int, seed: int, mode: str):
         {"x1": ["mean", "count"], "x2": "mean", "xw": "mean"})
 
     def columns(local: pa.Table) -> pa.Table:
+        local = local.sort_by("user")   # the group-by's row order is not stated: fix it here
         x1 = local.column("x1_mean").to_numpy()
         x2 = local.column("x2_mean").to_numpy()
         xw = local.column("xw_mean").to_numpy()
