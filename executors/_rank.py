@@ -203,6 +203,8 @@ def bind_rank_environment(resources: dict, local_rank: int) -> None:
     :meth:`~hetflow.executors.kernel.Executor.rank_resources`).
     """
     os.environ["OMP_NUM_THREADS"] = str(resources["cores_per_rank"])
+    # polars sizes its pool when first imported (the frame engine's kernels, or user code)
+    os.environ["POLARS_MAX_THREADS"] = str(resources["cores_per_rank"])
     bind_gpus(resources.get("devices"), local_rank, resources["gpus_per_rank"])
 
 

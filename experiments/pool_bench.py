@@ -224,7 +224,7 @@ def hmac_work_us(repeat: int = 20000) -> float:
     """Microseconds of signing and checking for one 2-rank no-op task's four messages."""
     import timeit
 
-    from hetflow.executors import _pool_wire as wire
+    from hetflow.executors.pool import wire
 
     signer = wire.Signer.new()
     ident = wire.identity(0, 1)

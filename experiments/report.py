@@ -129,9 +129,11 @@ def _header(run: dict, rows: List[dict]) -> List[str]:
     out = [f"## {cfg.get('name', run['experiment'])}: {cfg.get('description', '')}".rstrip(": "), ""]
     rows_txt = ", ".join(f"{r:,}" for r in cfg.get("rows", []))
     unit = "rows per rank" if cfg.get("rows_mode") == "per_rank" else "rows in total"
-    out.append(f"Run `{run['run_id']}`: ranks {cfg.get('ranks')}, {rows_txt} {unit}, "
-               f"{cfg.get('iterations')} iteration(s) per task, {cfg.get('repeats')} repeat(s); "
-               f"executors {cfg.get('executors')}.")
+    pipeline = cfg.get("kind") == "pipeline"    # its rows are events, its iterations epochs
+    out.append(f"Run `{run['run_id']}`: ranks {cfg.get('ranks')}, {rows_txt} "
+               f"{'events per rank' if pipeline else unit}, {cfg.get('iterations')} "
+               f"{'training epoch(s)' if pipeline else 'iteration(s) per task'}, "
+               f"{cfg.get('repeats')} repeat(s); executors {cfg.get('executors')}.")
     if (cfg.get("scale_factor") or 0) > 1:
         out.append(f"Scale: {cfg['paper_rows']:,} rows in the paper → {max(cfg['rows']):,} here, "
                    f"**{cfg['scale_factor']:,.0f}× smaller** (this machine: {run.get('cores')} "
@@ -443,136 +445,16 @@ def _paper(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
 
 
 
-def _flat(r: dict) -> dict:
-    """A pipeline row's nested figures as flat fields (for ``stat``/``median``)."""
-    out = dict(r)
-    for stage, times in (r.get("stages") or {}).items():
-        for key, value in (times or {}).items():
-            out[f"{stage}_{key}"] = value
-    for key, value in (r.get("train") or {}).items():
-        out[f"train_{key}"] = value
-    for key, value in (r.get("evaluation") or {}).items():
-        out[f"eval_{key}"] = value
-    losses = out.get("train_losses") or []
-    out["final_loss"] = losses[-1] if losses else None
-    if out.get("train_deeprc_s") and out.get("train_hetflow_s"):
-        out["tensor_speedup"] = out["train_deeprc_s"] / out["train_hetflow_s"]
-    return out
-
-
 def _pipeline(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
-    runs = [_flat(r) for r in rows if r.get("kind") == "pipeline"]
-    execs = _executors_in(runs, run)
-    groups = sorted(_group(runs, "executor", "mode", "ranks", "train_ranks").items(),
-                    key=lambda kv: (execs.index(kv[0][0]), kv[0][1], kv[0][2]))
-    present = {r["executor"] for r in runs if r.get("mode") == "table"}
-    batch = "slurm" if "slurm" in present else ("mpirun" if "mpirun" in present else None)
-    base = median([r for r in runs if r["executor"] == batch and r["mode"] == "table"],
-                  "makespan_s") if batch else None
-    body = []
-    for (executor, mode, ranks, train_ranks), grp in groups:
-        mine = median(grp, "makespan_s")
-        ratio = f"{mine / base:.2f}" if base and mine is not None else "–"
-        produced = sorted({r.get("rows_produced") for r in grp})
-        received = sorted({r.get("train_rows_received") for r in grp})
-        body.append([executor, mode, f"{ranks} → {train_ranks} → {ranks}", stat(grp, "makespan_s"),
-                     ratio, stat(grp, "startup_s"), stat(grp, "warmup_s"),
-                     stat(grp, "features_function_s"),
-                     stat(grp, "handoff_s"), stat(grp, "train_function_s"),
-                     stat(grp, "evaluate_function_s"),
-                     ", ".join(f"{p:,}" for p in produced if p is not None) + " / "
-                     + ", ".join(f"{p:,}" for p in received if p is not None),
-                     fmt(median(grp, "final_loss")), fmt(median(grp, "eval_r2")), len(grp)])
-    lines = _table(["Executor", "Hand-off", "Ranks", "Makespan (s)",
-                    f"× {batch or 'batch'}", "Runtime start-up (s)", "Warm-up (s)", "Features (s)",
-                    "Hand-off (s)", "Train (s)", "Evaluate (s)", "Rows produced / received",
-                    "Final loss", "R²", "n"], body)
-    lines += ["Makespan: the three tasks from the first submit to the evaluation's result "
-              "(the runtime's start-up apart, and, on a runtime whose ranks outlive a task, a tiny "
-              "warm-up run first: a pilot pays torch's import and first process group once, a "
-              f"batch runtime's tasks each time, inside their stage times); "
-              f"× {batch or 'batch'}: against the batch runtime's "
-              "makespan with the table hand-off. Stage columns are each task's "
-              "function time; hand-off: from the features function returning to the training "
-              "function starting (the table written and read back, or kept in the pool's "
-              "memory, plus the launch). \"keep\": `hetflow.keep` on the pool's ranks; "
-              "\"table\": the returned `DistributedTable` (Parquet files in the run's directory, "
-              "or the pool's memory). R²: the evaluation task's, on the features table.", ""]
-    body = []
-    for (executor, mode, _ranks, _train), grp in groups:
-        speed = median(grp, "tensor_speedup")
-        body.append([executor, mode, fmt(median(grp, "train_partition_bytes") / 1e6
-                                         if median(grp, "train_partition_bytes") else None),
-                     stat(grp, "train_deeprc_s"), stat(grp, "train_hetflow_s"),
-                     f"{speed:.2f}" if speed else "–",
-                     fmt(median(grp, "train_deeprc_copied_bytes") / 1e6
-                         if median(grp, "train_deeprc_copied_bytes") else None),
-                     fmt(median(grp, "train_hetflow_copied_bytes") / 1e6
-                         if median(grp, "train_hetflow_copied_bytes") is not None else None),
-                     len(grp)])
-    lines += ["Table to tensors, side by side in the training task on the same partitions "
-              "(rank 0's times, the median of 3 alternations of the two paths, each between "
-              "barriers; then the median over repeats): Deep RC's copy path (`to_pandas` → "
-              "`to_numpy` → `astype` → `torch.from_numpy`) against `hetflow.torch.batches` "
-              "(one pass over its batches).", ""]
-    lines += _table(["Executor", "Hand-off", "Table (MB, all ranks)", "Deep RC path (s)",
-                     "hetflow batches (s)", "Speed-up", "Deep RC copied (MB)",
-                     "hetflow copied (MB)", "n"], body)
-    lines += ["Copied bytes: Deep RC's are the pandas frame, the stacked array and its cast, for "
-              "features and label; hetflow's are what `batches` reports (`copied_bytes`: the one "
-              "stacking copy of the feature columns; the label column reaches torch without one).", ""]
-    lines += ["Training loss per epoch (first repeat; the same seed and data on every runtime):", ""]
-    for (executor, mode, ranks, train_ranks), grp in groups:
-        first = min(grp, key=lambda r: r.get("repeat", 0))
-        losses = ", ".join(fmt(v) for v in first.get("train_losses") or [])
-        lines.append(f"- {executor} ({mode}, {ranks} → {train_ranks} ranks): {losses}")
-    lines.append("")
-    return lines, _plot_pipeline(runs, execs, out_dir, stem)
+    from hetflow.experiments import report_pipeline   # imports this module's helpers
 
-
-def _plot_pipeline(runs, execs, out_dir, stem) -> List[str]:
-    if out_dir is None or not runs:
-        return []
-    plt = _plt()
-    fig, (curve, bars) = plt.subplots(1, 2, figsize=(10, 4))
-    for (executor, mode), grp in sorted(_group(runs, "executor", "mode").items(),
-                                        key=lambda kv: (execs.index(kv[0][0]), kv[0][1])):
-        first = min(grp, key=lambda r: r.get("repeat", 0))
-        losses = first.get("train_losses") or []
-        curve.plot(range(1, len(losses) + 1), losses, marker="o", label=f"{executor} ({mode})")
-    curve.set_xlabel("epoch")
-    curve.set_ylabel("training loss (MSE, mean over ranks)")
-    curve.set_yscale("log")
-    curve.set_title("loss curve (first repeat; equal curves overlap)")
-    from matplotlib.ticker import MaxNLocator
-
-    curve.xaxis.set_major_locator(MaxNLocator(integer=True))
-    curve.legend(fontsize=8)
-    names, parts = [], {"features": [], "hand-off": [], "train": [], "evaluate": []}
-    for (executor, mode), grp in sorted(_group(runs, "executor", "mode").items(),
-                                        key=lambda kv: (execs.index(kv[0][0]), kv[0][1])):
-        names.append(f"{executor}\n{mode}")
-        parts["features"].append(median(grp, "features_function_s") or 0.0)
-        parts["hand-off"].append(median(grp, "handoff_s") or 0.0)
-        parts["train"].append(median(grp, "train_function_s") or 0.0)
-        parts["evaluate"].append(median(grp, "evaluate_function_s") or 0.0)
-    bottom = [0.0] * len(names)
-    for label, values in parts.items():
-        bars.bar(names, values, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, values)]
-    bars.set_ylabel("seconds (median)")
-    bars.set_title("per-stage times")
-    bars.legend(fontsize=8)
-    bars.tick_params(axis="x", labelsize=8)
-    fig.tight_layout()
-    return [_save(fig, plt, out_dir, f"{stem}.png")]
+    return report_pipeline.section(run, rows, out_dir, stem)
 
 
 SECTIONS = {"weak": _scaling, "strong": _scaling, "overhead": _overhead, "pilot": _pilot,
             "peers": _peers, "analytics": _analytics, "paper": _paper, "pipeline": _pipeline}
 
 
-# --------------------------------------------------------------------------- plots
 def _plt():
     import matplotlib
 
@@ -740,10 +622,14 @@ def write_report(results: str, out_dir: Optional[str] = None, *, plots: bool = T
              f"Host: {host.get('hostname')}, {host.get('cpus')} CPUs, {host.get('mem_gib')} GiB, "
              f"{host.get('platform')}, Python {host.get('python')}.", "",
              "Libraries: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", "",
-             "Protocol (the paper's): per rank two int64 columns (key, value), keys uniform in "
-             "[0, 0.9 × total rows), seeded by the rank; each task runs `iterations` times "
-             "`barrier; t0; op; barrier; t1` and reports the mean over ranks per iteration, plus a "
-             "total covering set-up, data generation and all iterations.", ""]
+             "Protocol of the join and sort experiments (the paper's): per rank two int64 columns "
+             "(key, value), keys uniform in [0, 0.9 × total rows), seeded by the rank; each task "
+             "runs `iterations` times `barrier; t0; op; barrier; t1` and reports the mean over "
+             "ranks per iteration, plus a total covering set-up, data generation and all "
+             "iterations. (The pipeline's is in its section.)", ""]
+    if all(r.get("config", {}).get("kind") == "pipeline"
+           for exp in runs.values() for r in exp if r.get("kind") == "run"):
+        lines = lines[:-2]                      # a pipeline report: its own protocol alone
     if note:
         lines += [note, ""]
     commands = sorted({" ".join(r.get("argv") or []) for r in rows if r.get("kind") == "run"} - {""})

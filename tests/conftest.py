@@ -232,7 +232,7 @@ class SharedRuntime:
                 scratch = tempfile.mkdtemp(prefix="hetflow-shared-")
                 options["sandbox_dir"] = os.path.join(scratch, "rp")
             # Its RAPTOR masters drop their first queue announcement: the loss
-            # executors/_raptor_master.py survives, made to happen on every run. Outside
+            # executors/radical/raptor_master.py survives, made to happen on every run. Outside
             # an allocation, its first pilot's agent also blocks in its start-up, as a
             # stalled agent does, then its next pilot's master is held unplaced, as a stuck
             # agent scheduler holds it: the runtime gives up on each pilot (AGENT_STALL_S

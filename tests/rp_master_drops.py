@@ -1,6 +1,6 @@
 """hetflow's RAPTOR master that drops its first queue announcement (tests/rp_faults.py):
-the loss executors/_raptor_master.py survives. RP loads this file by path in the pilot."""
-from hetflow.executors._raptor_master import Master as _Master
+the loss executors/radical/raptor_master.py survives. RP loads this file by path in the pilot."""
+from hetflow.executors.radical.raptor_master import Master as _Master
 
 
 class Master(_Master):

@@ -7,7 +7,7 @@ import os
 import pytest
 
 import hetflow
-from hetflow.executors._pool_sched import PoolScheduler
+from hetflow.executors.pool.scheduler import PoolScheduler
 from hetflow.executors._rank import bind_gpus, visible_devices
 from hetflow.executors.scheduler import SlotScheduler
 from hetflow.spec import Resources, gpu_ids
@@ -95,7 +95,7 @@ RAPTOR_RANKS = '''
 import os, sys
 from mpi4py import MPI
 import mpiutil
-from hetflow.executors._radical_rank import raptor_rank
+from hetflow.executors.radical.rank import raptor_rank
 from hetflow.executors._rank import TaskPayload
 from hetflow.executors.taskdir import TaskDir
 from hetflow.spec import Resources

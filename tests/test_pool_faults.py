@@ -1,9 +1,9 @@
-"""The pool's fault decision (``_pool_faults.settle_lost``) on plain data: no MPI, no processes.
+"""The pool's fault decision (``pool.faults.settle_lost``) on plain data: no MPI, no processes.
 
 Slots are numbers; ``busy`` says which task each live slot runs; ``evidence`` is
 how a rank ended where something recorded it.
 """
-from hetflow.executors._pool_faults import MAX_REQUEUES, RunningTask, rank_death, settle_lost
+from hetflow.executors.pool.faults import MAX_REQUEUES, RunningTask, rank_death, settle_lost
 
 
 def test_a_rank_that_died_fails_its_task_and_its_peers_are_stopped():

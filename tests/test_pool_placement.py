@@ -1,7 +1,7 @@
 """The pool's node-aware placement on plain data (no MPI): a task that fits on one node
 runs on one node, a bigger one packs the nodes in order, task rank 0 is the lowest
 world rank."""
-from hetflow.executors._pool_sched import PoolScheduler
+from hetflow.executors.pool.scheduler import PoolScheduler
 
 
 def _pool(layout):

@@ -70,7 +70,7 @@ def test_local_resource_config_uses_real_slots_and_the_venv_mpi():
 
 
 def test_a_starting_worker_is_judged_by_what_was_seen_of_it():
-    # The RAPTOR worker's decisions, without RP (as _pool_faults.settle_lost's are).
+    # The RAPTOR worker's decisions, without RP (as pool.faults.settle_lost's are).
     from hetflow.executors.radical.worker import WORKER_STARTS, judge_start
 
     def judge(**seen):
@@ -297,7 +297,7 @@ def test_a_worker_killed_before_it_came_up_leaves_nothing_in_dev_shm(shared_exec
 @pytest.mark.on_shared_runtime("radical")
 def test_raptor_worker_leaves_nothing_in_dev_shm(shared_executor):
     # Every rank of the RAPTOR worker unlinks its MPICH segments' names once the worker is up
-    # (executors/_raptor_worker.py), as the other runtimes' ranks do (test_shm.py): a worker
+    # (executors/radical/raptor_worker.py), as the other runtimes' ranks do (test_shm.py): a worker
     # recycled or killed (its ranks never reach MPI_Finalize) then leaves nothing in /dev/shm,
     # also on a node none of whose ranks ever ran a task.
     assert where().result(timeout=120)               # the worker is up
@@ -354,7 +354,7 @@ def test_rp_client_listeners_end_before_their_sockets_are_closed(tmp_path, monke
     from radical.utils.zmq.pubsub import Subscriber
     from radical.utils.zmq.queue import Getter
 
-    from hetflow.executors._rp_hygiene import release_client_handles, rp_zmq_objects
+    from hetflow.executors.radical.hygiene import release_client_handles, rp_zmq_objects
 
     monkeypatch.chdir(tmp_path)                 # RP's loggers may write here
     before = rp_zmq_objects()

@@ -68,7 +68,7 @@ def test_radical_start_probe_runs_without_the_client_stack(tmp_path):
         capture_output=True, cwd=tmp_path, timeout=120).stdout
     (tmp_path / "probe.pkl").write_bytes(made)
     found = imported_by(
-        "import pickle, hetflow.executors._radical_rank\n"
+        "import pickle, hetflow.executors.radical.rank\n"
         "p = pickle.loads(open('probe.pkl', 'rb').read())\n"
         "assert p.func() is None", tmp_path)
     assert not found & set(FORBIDDEN_ON_RANKS), sorted(found & set(FORBIDDEN_ON_RANKS))

@@ -337,7 +337,7 @@ def forge_from_rank(comm, kind):
 
     import zmq
 
-    from hetflow.executors import _pool_wire as wire
+    from hetflow.executors.pool import wire
 
     sock = next(o for o in gc.get_objects() if isinstance(o, zmq.Socket) and not o.closed
                 and o.type == zmq.DEALER
@@ -451,7 +451,7 @@ def test_pool_mac_is_hmac_sha256_of_the_documented_layout():
     import hmac
     import struct
 
-    from hetflow.executors import _pool_wire as wire
+    from hetflow.executors.pool import wire
 
     ident = wire.identity(0, 1)
     for key in (os.urandom(32), os.urandom(100)):          # 100: longer than SHA-256's block

@@ -16,14 +16,23 @@ Four objects, each readable alone:
 
 Where the pilot runs is the runtime's provider (:mod:`hetflow.executors.providers`).
 Keeping RP from leaking processes, descriptors and environment is
-:mod:`hetflow.executors._rp_hygiene`.
+:mod:`.hygiene`; what RP loads in the pilot is :mod:`.raptor_master` and
+:mod:`.raptor_worker` (by path), and the ranks' side :mod:`.rank`.
 """
-from hetflow.executors._rp_hygiene import session_processes
-from hetflow.executors.radical.configs import (LOCAL_RESOURCE, SLURM_RESOURCE, Descriptions,
-                                               local_resource_config, slurm_resource_config)
-from hetflow.executors.radical.executor import MODES, RadicalExecutor
-from hetflow.executors.radical.pilot import probe_payload
-
 __all__ = ["Descriptions", "LOCAL_RESOURCE", "MODES", "RadicalExecutor", "SLURM_RESOURCE",
            "local_resource_config", "probe_payload", "session_processes",
            "slurm_resource_config"]
+
+#: Where each public name lives. They load on first use: a rank importing :mod:`.rank`
+#: does not pull in the executor kernel (and Parsl behind it).
+_HOMES = {"session_processes": "hygiene", "LOCAL_RESOURCE": "configs",
+          "SLURM_RESOURCE": "configs", "Descriptions": "configs",
+          "local_resource_config": "configs", "slurm_resource_config": "configs",
+          "MODES": "executor", "RadicalExecutor": "executor", "probe_payload": "pilot"}
+
+
+def __getattr__(name):
+    if name in _HOMES:
+        import importlib
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

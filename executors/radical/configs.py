@@ -20,7 +20,7 @@ LOCAL_RESOURCE = "hetflow.local"
 SLURM_RESOURCE = "hetflow.slurm"
 #: Where the RAPTOR master's and worker's classes live: RP loads them by path in the pilot,
 #: which runs this venv (hetflow's RP resources set ``virtenv`` to it).
-EXECUTORS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RAPTOR_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 class Descriptions:
@@ -46,9 +46,9 @@ class Descriptions:
 
 def master_description() -> dict:
     """RP's RAPTOR master, with hetflow's fix for a lost queue announcement
-    (``executors/_raptor_master.py``)."""
+    (``executors/radical/raptor_master.py``)."""
     return {"raptor_class": "Master",
-            "raptor_file": os.path.join(EXECUTORS_DIR, "_raptor_master.py")}
+            "raptor_file": os.path.join(RAPTOR_DIR, "raptor_master.py")}
 
 
 def local_resource_config(cores: int, allocation: Optional[batch.Allocation] = None) -> dict:

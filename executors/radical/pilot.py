@@ -20,8 +20,8 @@ from hetflow._progress import waiting
 from hetflow.errors import LaunchError
 from hetflow.executors._forensics import kill_tree
 from hetflow.executors._rank import TaskPayload
-from hetflow.executors._radical_rank import noop
-from hetflow.executors._rp_hygiene import (client_children, end_leftovers, import_rp,
+from hetflow.executors.radical.rank import noop
+from hetflow.executors.radical.hygiene import (client_children, end_leftovers, import_rp,
                                            release_client_handles, restore_environment,
                                            rp_zmq_objects, session_processes, set_environment,
                                            started_during)
@@ -63,7 +63,7 @@ class AgentStalled(StartStalled):
 
 def probe_payload(ranks: int) -> bytes:
     """The start-up probe's payload: a no-op on ``ranks`` ranks, whose function every rank
-    finds in a module it imports anyway (see :func:`~hetflow.executors._radical_rank.noop`)."""
+    finds in a module it imports anyway (see :func:`~hetflow.executors.radical.rank.noop`)."""
     return TaskPayload(task_id=-1, func=noop, args=(), kwargs={},
                        resources=Resources(ranks=ranks)).dumps()
 
@@ -307,7 +307,7 @@ class Pilot:
         """A RAPTOR function task; ``attempt``: its ranks run only while the task dir
         names this RP task's uid (see ``raptor_rank``); ``devices``: the GPU ids its ranks
         bind (``Executor.rank_resources``)."""
-        from hetflow.executors._radical_rank import raptor_rank
+        from hetflow.executors.radical.rank import raptor_rank
         rp = import_rp()
 
         uid = self.next_uid()

@@ -22,9 +22,9 @@ from typing import Callable, Dict, List, Optional
 from hetflow.errors import ExecutorBroken
 from hetflow.executors._forensics import (ended, kill_processes, kill_tree, launcher_named,
                                           launcher_of)
-from hetflow.executors._rp_hygiene import import_rp, session_processes
+from hetflow.executors.radical.hygiene import import_rp, session_processes
 from hetflow.executors.launch import hydra_deaths, tail
-from hetflow.executors.radical.configs import EXECUTORS_DIR, Descriptions
+from hetflow.executors.radical.configs import RAPTOR_DIR, Descriptions
 from hetflow.executors.taskdir import Deaths, TaskDir
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class RaptorWorker:
         description = {
             "mode": rp.RAPTOR_WORKER, "ranks": self.ranks, "raptor_class": "MPIWorker",
             # hetflow's (RP's, which unlinks its MPICH segments' names once up)
-            "raptor_file": os.path.join(EXECUTORS_DIR, "_raptor_worker.py"),
+            "raptor_file": os.path.join(RAPTOR_DIR, "raptor_worker.py"),
             "environment": {**self.pilot.rank_env, "HETFLOW_RAPTOR_READY": self._ready},
             "pre_exec": [],
             # A rank killed from outside leaves no evidence of its own; RP's launch script

@@ -1,8 +1,8 @@
 """hetflow's own pilot: a persistent MPI pool with a fresh communicator per task.
 
 One ``mpiexec -n N`` world starts with the executor; its ranks (workers, see
-``_pool_worker.py``) register over ZeroMQ and take tasks from the kernel's queue
-(placed by ``_pool_sched.PoolScheduler``). Each task runs on the ranks it was given
+``worker.py``) register over ZeroMQ and take tasks from the kernel's queue
+(placed by ``scheduler.PoolScheduler``). Each task runs on the ranks it was given
 through a communicator built over exactly those ranks, with the shared rank-side
 runner, so values and errors are those of every other executor. No process
 launch, no interpreter start per task.
@@ -21,7 +21,7 @@ world of N. A task past its ``walltime``, or cancelled while running, has its ra
 stopped and replaced the same way. Every such step is logged and kept in
 :attr:`PoolExecutor.events`. Tasks whose ranks died only because their whole
 world went down (not their fault) are re-queued, not failed. Who fails, who
-re-runs and what is replaced is decided in ``_pool_faults``.
+re-runs and what is replaced is decided in ``faults``.
 
 Threads. The kernel's dispatch thread takes slots for a task and calls
 :meth:`PoolExecutor._start`; that and every other request (stop, consolidate,
@@ -52,11 +52,11 @@ from typing import Dict, List, Optional, Sequence
 
 from hetflow import errors
 from hetflow.errors import ConfigError, ExecutorBroken, LaunchError, ResourcesUnavailable
-from hetflow.executors import _pool_wire as wire
-from hetflow.executors._pool_faults import RunningTask, settle_lost
-from hetflow.executors._pool_sched import PoolScheduler
+from hetflow.executors.pool import wire
+from hetflow.executors.pool.faults import RunningTask, settle_lost
+from hetflow.executors.pool.scheduler import PoolScheduler
 from hetflow.executors.providers import Provider, provider_for
-from hetflow.executors._pool_worlds import (TEARDOWN_GRACE_S, Slot, World, Worlds,
+from hetflow.executors.pool.worlds import (TEARDOWN_GRACE_S, Slot, World, Worlds,
                                              launcher_prefix)
 from hetflow.executors._rank import collect
 from hetflow.executors.kernel import Executor, Task
@@ -106,7 +106,7 @@ class PoolExecutor(Executor):
         ``provider=SlurmJob(...)``: the pool asks Slurm for an allocation as a batch user
         would from a login node, runs the world in it with ``srun --jobid``, and gives it
         back at shutdown; ``max_ranks`` defaults to ``ntasks``, else the nodes' CPUs.
-    authenticate: sign and check every message on the pool's socket (see ``_pool_wire``);
+    authenticate: sign and check every message on the pool's socket (see ``wire``);
         False only to measure what that costs (``experiments/pool_bench.py --auth``).
 
     ``rejected`` counts the messages dropped because they were not signed with the
@@ -115,6 +115,7 @@ class PoolExecutor(Executor):
     """
 
     unsupported: Dict[str, str] = {}
+    dispatch_on_release = True          # the broker starts what fits on the slots it frees
 
     def __init__(self, label: str = "pool", *, max_ranks: Optional[int] = None,
                  hostfile: Optional[str] = None, launcher: Optional[Sequence[str]] = None,
@@ -355,7 +356,7 @@ class PoolExecutor(Executor):
 
     def _event(self, text: str) -> None:
         self.events.append(text)
-        logger.warning("pool %s: %s", self.label, text)
+        logger.warning("%s: %s", "pool" if self.label == "pool" else f"pool {self.label!r}", text)
 
     # ------------------------------------------------------------------ broker loop
     def _send(self, identity: bytes, frames, copy: bool = True) -> bool:
@@ -463,9 +464,10 @@ class PoolExecutor(Executor):
         """An unsigned (or wrongly signed) message: dropped unread, counted, logged once."""
         self.rejected += 1
         if self.rejected == 1:
-            logger.warning("pool %s: dropped a message that was not signed with the runtime's "
+            logger.warning("%s: dropped a message that was not signed with the runtime's "
                            "key (peer identity %r); later ones are only counted in "
-                           "executor.rejected", self.label, identity[:40])
+                           "executor.rejected", "pool" if self.label == "pool" else f"pool {self.label!r}",
+                           identity[:40])
 
     def _malformed(self, identity: bytes, kind: bytes, exc: Exception) -> None:
         """A rank signed a message it should not have sent: the rank is broken. Its task
@@ -624,7 +626,7 @@ class PoolExecutor(Executor):
     # ------------------------------------------------------------------ faults
     def _lost(self, slot_ids: List[int], why: str, *, collateral: bool = False,
               blame: Optional[int] = None) -> None:
-        """Ranks are gone: settle their tasks (see ``_pool_faults``) and start replacements."""
+        """Ranks are gone: settle their tasks (see ``faults``) and start replacements."""
         busy = {s.id: s.task for s in self._mpi.slots.values() if s.alive and s.task is not None}
         running = {busy[s]: self._tasks[busy[s]] for s in slot_ids
                    if s in busy and busy[s] in self._tasks}

@@ -1,4 +1,4 @@
-"""One rank of a pool world: ``python -m hetflow.executors._pool_worker ADDRESS WORLD STATEDIR``.
+"""One rank of a pool world: ``python -m hetflow.executors.pool.worker ADDRESS WORLD STATEDIR``.
 
 Started once per rank by ``mpiexec -n N`` (or srun); it connects to the pool's
 ZeroMQ ROUTER, registers, then runs tasks until told to exit. Each task names the
@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-from hetflow.executors import _pool_wire as wire
+from hetflow.executors.pool import wire
 from hetflow.executors._supervise import KILLED_EXIT, supervise
 from hetflow.executors.taskdir import TaskDir
 
@@ -41,7 +41,7 @@ def _bind(local_rank: int) -> None:
 
     A rank keeps its devices for life (CUDA reads ``CUDA_VISIBLE_DEVICES`` once), so they
     are bound here, by the runtimes' one binding, from the ids this world was given; the
-    pool then sends GPU tasks only to ranks holding devices (``_pool_sched``).
+    pool then sends GPU tasks only to ranks holding devices (``pool.scheduler``).
     """
     from hetflow.executors._rank import bind_gpus
 
@@ -171,6 +171,8 @@ def main(argv=None) -> int:
             if cache:
                 comms[ranks, generation] = comm
         os.environ["OMP_NUM_THREADS"] = str(cores_per_rank)
+        # read by polars when first imported: a worker keeps its first task's pool size
+        os.environ.setdefault("POLARS_MAX_THREADS", str(cores_per_rank))
         resident._enter_task(task_id, slots, slots[ranks.index(rank)], comm)
         try:
             outcome = run_on_rank(frames[2], comm)
@@ -192,6 +194,6 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     # Run the importable module so outcomes pickle as hetflow.executors._rank.*
-    from hetflow.executors import _pool_worker
+    from hetflow.executors.pool import worker
 
-    sys.exit(_pool_worker.main())
+    sys.exit(worker.main())

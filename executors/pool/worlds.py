@@ -4,7 +4,7 @@ A world is one ``mpiexec -n N`` (or launcher) job of pool workers; each of its
 ranks registers over ZeroMQ and becomes a *slot* (a global id: slots are never
 reused, so a late message from a lost rank cannot be mistaken for its
 replacement's). :class:`Worlds` is owned by the pool's broker thread; it knows
-processes and sockets, not tasks' fates (see ``_pool_faults``).
+processes and sockets, not tasks' fates (see ``faults``).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hetflow.errors import LaunchError
-from hetflow.executors import _pool_wire as wire
-from hetflow.executors._pool_faults import rank_death
+from hetflow.executors.pool import wire
+from hetflow.executors.pool.faults import rank_death
 from hetflow.executors.allocation import srun_prefix
 from hetflow.executors._forensics import ended, forget_recorded_shm, kill_tree
 from hetflow.executors.launch import launcher_env, launcher_flavour, with_malloc_thp
@@ -127,7 +127,7 @@ class Worlds:
         world_id = self._next_world
         self._next_world += 1
         taskdir = TaskDir(private_dir(os.path.join(self.root, f"world-{world_id}")))
-        cmd = self.command(size) + [self.python, "-m", "hetflow.executors._pool_worker",
+        cmd = self.command(size) + [self.python, "-m", "hetflow.executors.pool.worker",
                                     self.endpoint, str(world_id), taskdir.path]
         allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         env = {**self.env, "HETFLOW_POOL_CORES": ",".join(
