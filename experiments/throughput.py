@@ -25,6 +25,7 @@ import contextlib
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -67,9 +68,15 @@ def _parsl(name: str, slots: int):
         from parsl.executors import HighThroughputExecutor
         from parsl.providers import LocalProvider
 
+        from hetflow.executors.parsl_htex import _parsl_commands
+
         executor = HighThroughputExecutor(label=name, max_workers_per_node=slots,
                                           address="127.0.0.1", loopback_address="127.0.0.1",
-                                          provider=LocalProvider(init_blocks=1, max_blocks=1))
+                                          provider=LocalProvider(init_blocks=1, max_blocks=1),
+                                          **_parsl_commands())
+        # Parsl finds interchange.py on PATH, which misses a venv's when it is not activated.
+        executor.interchange_launch_cmd = [sys.executable, "-m",
+                                           "parsl.executors.high_throughput.interchange"]
     dfk = parsl.load(Config(executors=[executor], run_dir=run_dir, strategy="none",
                             initialize_logging=False))
     try:

@@ -34,7 +34,7 @@ _LAZY = {
     "cancel": "hetflow.tasks", "task_state": "hetflow.tasks", "task_output": "hetflow.tasks",
     "task_samples": "hetflow.tasks",
     "keep": "hetflow.resident", "Resident": "hetflow.resident", "TableHandle": "hetflow.tables",
-    "InvalidResourceSpec": "hetflow.executors.kernel",
+    "InvalidResourceSpec": "hetflow.executors.kernel", "DependencyFailed": "hetflow._chained",
 }
 
 __all__ = sorted(_LAZY)

@@ -90,7 +90,16 @@ def retryable(exc: BaseException) -> bool:
 
 
 def retry_cost(exc: BaseException, task_record) -> float:
-    """Parsl ``retry_handler``: retry up to the app's ``retries`` unless the error is final."""
+    """Parsl ``retry_handler``: retry up to the app's ``retries`` unless the error is final.
+
+    Parsl's error for a task whose dependency failed becomes a
+    :class:`~hetflow.DependencyFailed` here, its message ending with the root cause."""
+    from parsl.dataflow.errors import DependencyError
+
+    if isinstance(exc, DependencyError):
+        from hetflow import _chained
+
+        _chained.explain(exc, task_record)   # Parsl skips a dependency failure's retries
     spec = task_record.get("resource_specification") or {}
     allowed = (spec.get("hetflow") or {}).get("retries", 0)
     if not retryable(exc) or task_record["fail_count"] > allowed:
@@ -203,12 +212,18 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
             else:
                 shutil.rmtree(base, ignore_errors=True)
         raise
+    interrupted = None
     try:
         yield dfk
+    except KeyboardInterrupt as exc:
+        interrupted = (exc, _running(dfk))
+        raise
     finally:
         try:
             dfk.cleanup()
         finally:
+            if interrupted is not None:
+                _explain_interrupt(*interrupted)
             if campaign is not None:
                 campaign.close()
             parsl.clear()
@@ -220,3 +235,27 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
                 guardian.stop()
             if owned and not keep_run_dir:
                 shutil.rmtree(base, ignore_errors=True)
+
+
+def _running(dfk) -> list:
+    """The hetflow tasks running now (their processes started), on every executor."""
+    tasks = []
+    for executor in dfk.executors.values():
+        live = getattr(executor, "live_tasks", None)
+        if live is not None:
+            tasks += [t for t in live() if t.files is not None and not t.done]
+    return tasks
+
+
+def _explain_interrupt(interrupt: BaseException, tasks: list) -> None:
+    """Ctrl-C in the block: the runtime's shutdown stopped the running ``tasks``, each with
+    the Python stacks of its ranks still running; say so under the KeyboardInterrupt (the
+    last thing printed), where a waiting ``result()`` would otherwise show only its own wait."""
+    stopped = [t for t in tasks if t.error is not None]
+    if not stopped:
+        return
+    text = (f"hetflow: interrupted while {len(stopped)} task(s) ran; the runtime shut down and "
+            f"stopped them:")
+    for task in stopped:
+        text += f"\n\n{task.error}"
+    interrupt.add_note(text)

@@ -11,7 +11,7 @@ import pickle
 import pyarrow as pa
 from mpi4py import MPI
 from hetflow import frame
-from hetflow.frame import _aggregate, _localjoin, _localsort
+from hetflow.frame import _aggregate, _engine, _localjoin, _localsort
 import mpiutil
 
 comm = MPI.COMM_WORLD
@@ -75,6 +75,10 @@ case("join: the broadcast join fails on rank 1", _localjoin, "join", middle,
      lambda: table.join(tiny, on="k").local.num_rows)
 case("sort: the local sort fails on the last rank", _localsort, "sort_order", last,
      lambda: table.sort("v").local.num_rows)
+case("unique: first rows fail on rank 1", _engine, "first_rows", middle,
+     lambda: table.unique("k").local.num_rows)
+case("intersect: first rows fail on the last rank", _engine, "first_rows", last,
+     lambda: table.intersect(table).local.num_rows)
 # one rank has no peer to wait for, yet raises the same type as with more
 from hetflow.frame import _agreement
 try:
@@ -87,7 +91,7 @@ except Exception as exc:
 sums = table.groupby("k").agg({"v": "sum"}).gather()
 mpiutil.report({"outcomes": outcomes,
                 "sums": None if sums is None else dict(zip(sums.column("k").to_pylist(),
-                                                           sums.column("v").to_pylist()))})
+                                                           sums.column(1).to_pylist()))})
 """
 
 
@@ -104,7 +108,9 @@ def test_error_after_data_moved_fails_every_rank(ranks):
                "join: matching by hash fails on rank 1": ("match_by_hash", [1]),
                "join: the local join fails on the last rank": ("join", last),
                "join: the broadcast join fails on rank 1": ("join", [1]),
-               "sort: the local sort fails on the last rank": ("sort_order", last)}
+               "sort: the local sort fails on the last rank": ("sort_order", last),
+               "unique: first rows fail on rank 1": ("first_rows", [1]),
+               "intersect: first rows fail on the last rank": ("first_rows", last)}
     for label, (kernel, bad) in failing.items():
         seen = [r["outcomes"][label] for r in reports]
         assert all(o["kind"] == "PartitionFailed" for o in seen), (label, seen)

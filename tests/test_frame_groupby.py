@@ -68,7 +68,7 @@ def expected(W, by, spec):
                  "nsmallest": lambda: x.drop_nulls().bottom_k(f.n).sort()}[name]()
             label = f if isinstance(f, str) else Agg(**{k: v for k, v in vars(f).items()
                                                          if v is not None}).label
-            exprs.append(e.alias(col if len(funcs) == 1 else f"{col}_{label}"))
+            exprs.append(e.alias(f"{col}_{label}"))
     return W.group_by(by).agg(exprs).to_arrow()
 
 

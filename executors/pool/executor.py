@@ -356,7 +356,7 @@ class PoolExecutor(Executor):
 
     def _event(self, text: str) -> None:
         self.events.append(text)
-        logger.warning("pool %s: %s", self.label, text)
+        logger.warning("%s: %s", "pool" if self.label == "pool" else f"pool {self.label!r}", text)
 
     # ------------------------------------------------------------------ broker loop
     def _send(self, identity: bytes, frames, copy: bool = True) -> bool:
@@ -464,9 +464,10 @@ class PoolExecutor(Executor):
         """An unsigned (or wrongly signed) message: dropped unread, counted, logged once."""
         self.rejected += 1
         if self.rejected == 1:
-            logger.warning("pool %s: dropped a message that was not signed with the runtime's "
+            logger.warning("%s: dropped a message that was not signed with the runtime's "
                            "key (peer identity %r); later ones are only counted in "
-                           "executor.rejected", self.label, identity[:40])
+                           "executor.rejected", "pool" if self.label == "pool" else f"pool {self.label!r}",
+                           identity[:40])
 
     def _malformed(self, identity: bytes, kind: bytes, exc: Exception) -> None:
         """A rank signed a message it should not have sent: the rank is broken. Its task

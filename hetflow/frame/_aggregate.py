@@ -67,7 +67,7 @@ class Agg:
 
     @property
     def label(self) -> str:
-        """The suffix of its result column when a column has several aggregations."""
+        """The suffix of its result column: ``<column>_<label>``."""
         if self.name == "quantile":
             extra = "" if self.interpolation in (None, "nearest") else f"_{self.interpolation}"
             return f"quantile_{self.q:g}{extra}"
@@ -119,7 +119,7 @@ def plan(spec) -> List[Planned]:
                                   f"{f!r} for column {col!r}")
             parsed.append((agg, f))
         for agg, source in parsed:
-            name = col if len(parsed) == 1 else f"{col}_{agg.label}"
+            name = f"{col}_{agg.label}"     # always: predictable from the call alone
             out.append(Planned(col, _with_defaults(agg), name, source))
     names = [p.out for p in out]
     dup = sorted({n for n in names if names.count(n) > 1})

@@ -32,17 +32,19 @@ class GroupBy:
         self.by = _check.key_names(by, "groupby")
 
     def agg(self, spec: Dict[str, Union[str, Agg, Sequence[Union[str, Agg]]]], *,
-            backend: Optional[str] = None) -> DistributedTable:
+            backend: Optional[str] = None, legacy_names: bool = False) -> DistributedTable:
         """Aggregate ``{column: function or a list of them}``; a function is a name or a
         :class:`~hetflow.frame.Agg` (for parameters): ``sum``, ``count``, ``mean``, ``min``,
         ``max``, ``size``, ``first``, ``last``, ``var``/``std`` (``ddof=1``), ``median``,
         ``quantile`` (``q``; ``interpolation="nearest"``, polars' default), ``nunique``,
         ``nlargest``/``nsmallest`` (``n``).
 
-        Result columns: the group keys, then ``column`` (one function) or
-        ``column_<function>`` (several), one row per group; a null key is a group of its
-        own. ``count`` counts non-null values, ``size`` rows; ``sum``/``min``/``max``/``mean``
-        skip nulls and give null for a group with no non-null value (SQL semantics; pandas'
+        Result columns: the group keys, then ``<column>_<function>`` for every function
+        (``amount_mean``, ``age_first``; pyarrow's ``TableGroupBy.aggregate`` rule), one row
+        per group; a null key is a group of its own. ``legacy_names=True`` (deprecated: it
+        goes in 0.3) names a column with one function ``column``, as hetflow 0.1 did.
+        ``count`` counts non-null values, ``size`` rows; ``sum``/``min``/``max``/``mean`` skip
+        nulls and give null for a group with no non-null value (SQL semantics; pandas'
         and polars' sum give 0). docs/engine.md gives each one's semantics.
         """
         t = self.table
@@ -58,10 +60,25 @@ class GroupBy:
         if prep.pycylon:
             out = _pycylon.groupby_agg(t.comm, t.local, self.by, planned,
                                        result_schema(t.local.schema, self.by, planned))
-            return prep.result(out, backend="pycylon")
+            return _legacy(prep.result(out, backend="pycylon"), planned, legacy_names)
         out = aggregate(t.comm, t.local, self.by, planned,
                         lambda table, keys: shuffle_local(t.comm, table, keys, prep.backend))
-        return prep.result(out)
+        return _legacy(prep.result(out), planned, legacy_names)
+
+
+def _legacy(out: DistributedTable, planned: Sequence[Planned], legacy: bool) -> DistributedTable:
+    """``out`` with hetflow 0.1's names when asked (``column`` for a column's only function),
+    and a FutureWarning: ``legacy_names`` goes in 0.3."""
+    if not legacy:
+        return out
+    import warnings
+
+    warnings.warn("groupby.agg(legacy_names=True) is deprecated and goes in hetflow 0.3: "
+                  "read every result column as <column>_<function> (e.g. 'age_first')",
+                  FutureWarning, stacklevel=3)
+    alone = {p.column for p in planned
+             if sum(q.column == p.column for q in planned) == 1}
+    return out.rename({p.out: p.column for p in planned if p.column in alone})
 
 
 def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from hetflow.errors import InputError, NotSupported, SchemaMismatch
 from hetflow.frame import _check, _cylon_rules, _engine
 from hetflow.frame._exchange import MPI
+from hetflow.frame._agreement import step
 from hetflow.frame._prepare import prepare, require_table
 from hetflow.frame._shuffle import shuffle_local
 from hetflow.frame._table import DistributedTable
@@ -76,11 +77,13 @@ def _set_op(op: str, left: DistributedTable, right: DistributedTable,
     names = list(ls.names)
     lt = shuffle_local(comm, _canonical_floats(left.local), names, prep.backend)
     rt = shuffle_local(comm, _canonical_floats(right.local), names, prep.backend)
-    both = pa.concat_tables([lt, rt])
-    side = np.repeat(np.array([0, 1], np.int8), [lt.num_rows, rt.num_rows])
-    keep = _engine.first_rows([both.column(n) for n in names], side,
-                              {"union": "any", "intersect": "both", "difference": "first"}[op])
-    return prep.result(both.take(pa.array(keep)))
+    with step(comm, f"{op}: each distinct row's first occurrence"):
+        both = pa.concat_tables([lt, rt])
+        side = np.repeat(np.array([0, 1], np.int8), [lt.num_rows, rt.num_rows])
+        keep = _engine.first_rows([both.column(n) for n in names], side,
+                                  {"union": "any", "intersect": "both", "difference": "first"}[op])
+        out = both.take(pa.array(keep))
+    return prep.result(out)
 
 
 def _canonical_floats(table: pa.Table) -> pa.Table:

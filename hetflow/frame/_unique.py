@@ -6,6 +6,7 @@ from typing import Optional
 import pyarrow as pa
 
 from hetflow.frame import _check, _cylon_rules, _engine, _pycylon
+from hetflow.frame._agreement import step
 from hetflow.frame._prepare import prepare, require_table
 from hetflow.frame._shuffle import shuffle_local
 from hetflow.frame._table import DistributedTable
@@ -24,5 +25,6 @@ def unique(table: DistributedTable, subset=None, *,
         return prep.result(_pycylon.unique(table.comm, table.local), backend="pycylon")
     shuffled = shuffle_local(table.comm, table.local, names, prep.backend)
     # -0.0 and 0.0 one value, NaN one value, as in the group-by and polars
-    keep = _engine.first_rows([shuffled.column(n) for n in names])
-    return prep.result(shuffled.take(pa.array(keep)))
+    with step(table.comm, "unique: each key's first row"):
+        out = shuffled.take(pa.array(_engine.first_rows([shuffled.column(n) for n in names])))
+    return prep.result(out)
