@@ -102,7 +102,7 @@ for nulls in (False, True):
         key = whole[c].cast(pl.String) if c == "dict" else whole[c]
         e = whole.with_columns(key).group_by(c).agg(pl.col("int64").sum(), pl.col("k").min())
         a = sorted(zip(got.column(c).cast(pa.binary() if c == "binary" else pa.string())
-                       .to_pylist(), got.column("int64").to_pylist()), key=repr)
+                       .to_pylist(), got.column("int64_sum").to_pylist()), key=repr)
         b = sorted(zip(e[c].to_list(), e["int64"].to_list()), key=repr)
         if a != b:
             failures.append(f"key {c}: {a} != {b}")
