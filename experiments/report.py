@@ -14,7 +14,7 @@ import statistics
 from collections import defaultdict
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from hetflow.experiments import owncpu
+from hetflow.experiments import noise, owncpu
 
 ORDER = ("weak", "strong", "overhead", "pilot", "pilot_slurm", "peers", "analytics", "paper",
          "pipeline", "pipeline_slurm")
@@ -83,14 +83,15 @@ def fmt(v: Optional[float], digits: int = 3) -> str:
 
 
 def stat(rows, field) -> str:
-    """``median [min–max]`` over the rows that have ``field``."""
+    """``median [min–max]`` over the rows that have ``field``, marked (``noise.marks``)
+    when fewer than 3 or measured on a busy machine."""
     vals = _values(rows, field)
     if not vals:
         return "–"
     med = statistics.median(vals)
     if len(vals) == 1:
-        return fmt(med)
-    return f"{fmt(med)} [{fmt(min(vals))}–{fmt(max(vals))}]"
+        return fmt(med) + noise.marks(list(rows), field)
+    return f"{fmt(med)} [{fmt(min(vals))}–{fmt(max(vals))}]" + noise.marks(list(rows), field)
 
 
 def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> List[str]:
@@ -171,15 +172,11 @@ def _scaling(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     for (executor, op, ranks, rows_n), grp in sorted(
             _group(tasks, "executor", "op", "ranks", "rows").items(),
             key=lambda kv: (execs.index(kv[0][0]), kv[0][1], kv[0][3], kv[0][2])):
-        base = median([r for r in tasks if r["executor"] == executor and r["op"] == op
-                       and r["ranks"] == 1 and (strong or r["rows_per_rank"] == grp[0]["rows_per_rank"])
-                       and (not strong or r["rows"] == rows_n)], "op_mean_s")
-        mine = median(grp, "op_mean_s")
-        if base and mine:
-            ratio = base / mine if strong else base / mine
-            ratio_txt = f"{ratio:.2f}"
-        else:
-            ratio_txt = "–"
+        base = [r for r in tasks if r["executor"] == executor and r["op"] == op
+                and r["ranks"] == 1 and (strong or r["rows_per_rank"] == grp[0]["rows_per_rank"])
+                and (not strong or r["rows"] == rows_n)]
+        ratio_txt = ("1.00" if ranks == 1 else
+                     noise.compare(base, grp, "op_mean_s", lambda m, b: f"{b / m:.2f}"))
         body.append([executor, op, _ranks_label(ranks, grp[0].get("oversubscribed")),
                      f"{grp[0]['rows_per_rank']:,}", f"{rows_n:,}", stat(grp, "op_mean_s"),
                      ratio_txt, stat(grp, "gen_s"), stat(grp, "total_s"),
@@ -205,10 +202,9 @@ def _overhead(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     for (executor, op, ranks, per_rank), grp in sorted(
             _group(tasks, "executor", "op", "ranks", "rows_per_rank").items(),
             key=lambda kv: (kv[0][1], kv[0][3], kv[0][2], execs.index(kv[0][0]))):
-        base = median([r for r in tasks if r["executor"] == baseline and r["op"] == op
-                       and r["ranks"] == ranks and r["rows_per_rank"] == per_rank], "overhead_s")
-        mine = median(grp, "overhead_s")
-        ratio = f"{mine / base:.3f}" if base and mine is not None else "–"
+        base = [r for r in tasks if r["executor"] == baseline and r["op"] == op
+                and r["ranks"] == ranks and r["rows_per_rank"] == per_rank]
+        ratio = noise.compare(base, grp, "overhead_s", lambda m, b: f"{m / b:.3f}")
         body.append([op, f"{per_rank:,}", _ranks_label(ranks, grp[0].get("oversubscribed")),
                      executor, stat(grp, "total_s"), stat(grp, "function_s"),
                      stat(grp, "setup_s"), stat(grp, "overhead_s"), stat(grp, "queue_s"),
@@ -253,10 +249,8 @@ def _pilot(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     for (scenario, executor), grp in sorted(
             _group(spans, "scenario", "executor").items(),
             key=lambda kv: (kv[0][0] != "pair", execs.index(kv[0][1]))):
-        base = median([r for r in spans if r["scenario"] == scenario and r["executor"] == baseline],
-                      "makespan_s")
-        mine = median(grp, "makespan_s")
-        gain = f"{100 * (base - mine) / base:+.1f}%" if base and mine is not None else "–"
+        base = [r for r in spans if r["scenario"] == scenario and r["executor"] == baseline]
+        gain = noise.compare(base, grp, "makespan_s", lambda m, b: f"{100 * (b - m) / b:+.1f}%")
         with_start = [dict(r, total=r["makespan_s"] + r["startup_s"]) for r in grp]
         body.append([scenario, grp[0]["tasks"], executor, stat(grp, "makespan_s"), gain,
                      stat(grp, "queue_mean_s"), stat(with_start, "total"),
@@ -297,13 +291,14 @@ def _peers(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     hetflow_execs = set(run.get("config", {}).get("executors") or [])
     body = []
     for (rows_n, op), grp_all in sorted(_group(tasks, "rows", "op").items()):
-        best = min((median(g, "op_mean_s") for g in _group(grp_all, "executor", "ranks").values()
-                    if median(g, "op_mean_s") is not None), default=None)
+        groups = [g for g in _group(grp_all, "executor", "ranks").values()
+                  if median(g, "op_mean_s") is not None]
+        best = min(groups, key=lambda g: median(g, "op_mean_s"), default=[])
         for (executor, ranks), grp in sorted(_group(grp_all, "executor", "ranks").items(),
                                              key=lambda kv: (execs.index(kv[0][0]), kv[0][1])):
             name = f"hetflow ({executor})" if executor in hetflow_execs else executor
-            mine = median(grp, "op_mean_s")
-            ratio = f"{mine / best:.2f}" if best and mine is not None else "–"
+            ratio = ("1.00" if grp is best else
+                     noise.compare(best, grp, "op_mean_s", lambda m, b: f"{m / b:.2f}"))
             outs = sorted({r.get("rows_out") for r in grp})
             body.append([f"{rows_n:,}", op, name, _ranks_label(ranks, grp[0].get("oversubscribed")),
                          stat(grp, "op_mean_s"), ratio, fmt(median(grp, "peak_rss_mb")),
@@ -394,11 +389,14 @@ def _paper(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     tasks = [r for r in rows if r.get("kind") == "task"]
     execs = _executors_in(tasks, run)
     body = []
+    baseline = run.get("config", {}).get("baseline", "mpirun")
     for mode in ("weak", "strong"):
+        cases = _group([r for r in tasks if mode in (r.get("modes") or [])],
+                       "executor", "op", "ranks", "rows_per_rank")
         for (executor, op, ranks, per_rank), grp in sorted(
-                _group([r for r in tasks if mode in (r.get("modes") or [])],
-                       "executor", "op", "ranks", "rows_per_rank").items(),
-                key=lambda kv: (execs.index(kv[0][0]), kv[0][1], kv[0][2])):
+                cases.items(), key=lambda kv: (execs.index(kv[0][0]), kv[0][1], kv[0][2])):
+            versus = ("(baseline)" if executor == baseline else noise.compare(
+                cases.get((baseline, op, ranks, per_rank), []), grp, "op_mean_s", noise.ratio))
             t = median(grp, "op_mean_s")
             rate = per_rank / t if t else None
             partition_mb = per_rank * 16 * (2 if op == "join" else 1) / 2**20
@@ -406,14 +404,14 @@ def _paper(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
             paper = PAPER_SUMMIT.get((mode, op))
             quoted = RADICAL_CYLON_WEAK_S.get(op) if mode == "weak" else None
             body.append([mode, executor, op, ranks, f"{per_rank:,}", f"{per_rank * ranks:,}",
-                         stat(grp, "op_mean_s"), f"{rate / 1e6:.2f}" if rate else "–",
+                         stat(grp, "op_mean_s"), versus, f"{rate / 1e6:.2f}" if rate else "–",
                          f"{paper / 1e6:.2f}" if paper else "not found",
                          (f"{35e6 / quoted[1] / 1e6:.2f}–{35e6 / quoted[0] / 1e6:.2f}"
                           if quoted else "–"), fmt(peak),
                          fmt(partition_mb), f"{peak / partition_mb:.2f}" if peak else "–",
                          stat(grp, "total_s"), len(grp)])
     lines = _table(["Mode", "Executor", "Op", "Ranks", "Rows/rank", "Rows total", "Op time (s)",
-                    "M rows/s/rank", "Paper, Summit bare metal (M rows/s/rank)",
+                    f"vs {baseline}", "M rows/s/rank", "Paper, Summit bare metal (M rows/s/rank)",
                     "Radical-Cylon on Summit, quoted (M rows/s/rank)", "Peak RSS/rank (MiB)",
                     "Partition/rank (MiB)", "Peak / partition", "Task total (s)", "n"], body)
     run_times = [r for r in rows if r.get("kind") == "executor_time"]
@@ -630,6 +628,7 @@ def write_report(results: str, out_dir: Optional[str] = None, *, plots: bool = T
     if all(r.get("config", {}).get("kind") == "pipeline"
            for exp in runs.values() for r in exp if r.get("kind") == "run"):
         lines = lines[:-2]                      # a pipeline report: its own protocol alone
+    lines += [noise.LEGEND, ""]
     if note:
         lines += [note, ""]
     commands = sorted({" ".join(r.get("argv") or []) for r in rows if r.get("kind") == "run"} - {""})

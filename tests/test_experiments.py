@@ -50,8 +50,8 @@ def _tables(markdown: str):
 
 
 def _median_cell(cell: str) -> float:
-    """The median of a ``median [min–max]`` cell (commas are thousands separators)."""
-    return float(cell.split(" [")[0].replace(",", ""))
+    """The median of a ``median [min–max] (n=N) ‡`` cell (commas are thousands separators)."""
+    return float(cell.split()[0].replace(",", ""))
 
 
 def _close(a: float, b: float) -> bool:
