@@ -24,6 +24,9 @@ class DependencyFailed(DependencyError, TaskFailed):
         return self.args[0] if self.args else DependencyError.__str__(self)
 
 
+DependencyFailed.__module__ = "hetflow"     # printed as hetflow.DependencyFailed, its public name
+
+
 def explain(error: DependencyError, task_record) -> DependencyFailed:
     """Turn Parsl's ``error`` (about ``task_record``'s task) into a :class:`DependencyFailed`
     in place (the same object: Parsl goes on with it), its message ending with the root cause."""

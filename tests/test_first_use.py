@@ -107,6 +107,7 @@ def test_chained_failures_names_and_torch_hints(name, tmp_path):
             assert isinstance(error, DependencyError) and isinstance(error, hetflow.TaskFailed)
             assert chain in str(error) and "did not run" in str(error)
             assert _last_printed_line(error) == root_line
+            assert "hetflow.DependencyFailed: task" in "".join(traceback.format_exception(error))
             printed = "".join(traceback.format_exception(error))
             assert "Dependency failure for task" not in printed
             assert printed.count("Remote traceback") == 1   # the root once, at the end

@@ -91,7 +91,7 @@ except Exception as exc:
 sums = table.groupby("k").agg({"v": "sum"}).gather()
 mpiutil.report({"outcomes": outcomes,
                 "sums": None if sums is None else dict(zip(sums.column("k").to_pylist(),
-                                                           sums.column(1).to_pylist()))})
+                                                           sums.column("v_sum").to_pylist()))})
 """
 
 
