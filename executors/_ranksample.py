@@ -20,7 +20,7 @@ A sample's fields:
 ``rss``, ``vms``     resident and virtual memory, bytes
 ``memory_percent``   ``rss`` against the node's memory
 ``ctx_voluntary``,   context switches (voluntary, involuntary), bytes read and
-``ctx_involuntary``, written (``/proc/self/io``; null in the first sample)
+``ctx_involuntary``, written (``/proc/self/io``; null in the first and last samples)
 ``read_bytes``,
 ``write_bytes``
 ``gpus``             one entry per GPU bound to the rank (``CUDA_VISIBLE_DEVICES``):
@@ -39,6 +39,7 @@ those fields are null. GPUs are read through NVML (``pynvml``, where installed) 
 from __future__ import annotations
 
 import _thread
+import math
 import os
 import time
 
@@ -68,9 +69,9 @@ except (AttributeError, ValueError, OSError):
     _MEMORY = 0
 
 
-def read_self(io: bool = True) -> dict:
+def read_self(io: bool = True, memory: bool = True) -> dict:
     """This process's use now (the fields above but ``time``, ``rank``, ``cpu_percent``,
-    ``gpus``); ``io=False`` leaves the byte counts out (null)."""
+    ``gpus``); ``io=False`` leaves the byte counts out, ``memory=False`` the memory (null)."""
     import resource
 
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
@@ -81,7 +82,7 @@ def read_self(io: bool = True) -> dict:
               "ctx_voluntary": own.ru_nvcsw, "ctx_involuntary": own.ru_nivcsw,
               "rss": None, "vms": None, "memory_percent": None,
               "read_bytes": None, "write_bytes": None}
-    statm = _proc("statm").split()
+    statm = _proc("statm").split() if memory else ()
     if len(statm) >= 2:
         sample["vms"], sample["rss"] = int(statm[0]) * _PAGE, int(statm[1]) * _PAGE
         if _MEMORY:
@@ -153,87 +154,129 @@ def _smi(ids) -> list:
     return gpus
 
 
+#: The task this process samples now (a rank runs one task at a time), for :func:`_loop`.
+_current = None
+#: Held while the sampling thread may sleep; released to wake it.
+_wake = _thread.allocate_lock()
+_wake.acquire()
+_running = False
+#: When the sampling thread looks next (``time.monotonic()``; inf: not before it is woken).
+_looks_at = math.inf
+
+
+def _loop() -> None:
+    """The process's sampling thread: one for the life of the process, so a rank that runs
+    many tasks starts it once. It wakes every interval, task or not: a task that starts
+    wakes it only when its next look is further away than the task's interval (waking it
+    for every task cost the task a hand-over of the interpreter lock, about 1 ms on a
+    loaded machine)."""
+    global _looks_at
+    interval = None
+    while True:
+        current = _current
+        if current is not None and current.interval > 0:
+            interval = current.interval
+        if interval is None:
+            _looks_at = math.inf
+            woke = _wake.acquire()
+        else:
+            _looks_at = time.monotonic() + interval
+            woke = _wake.acquire(timeout=interval)
+        current = _current
+        if woke or current is None:
+            continue
+        with current.mutex:
+            if not current.closed and time.time() - current.last >= current.interval / 2:
+                current.take(final=False)
+                current.flush()
+
+
+def _start_thread() -> None:
+    global _running
+    if not _running:
+        try:
+            _thread.start_new_thread(_loop, ())     # not waited for, unlike threading's
+            _running = True
+        except RuntimeError:       # no thread to be had: the first and last samples only
+            pass
+
+
 class Sampler:
     """One rank's sampling for one task: a context manager around the task's function.
 
     What a task that ends within one interval costs is kept small: the first sample is read
-    in memory (CPU, memory; no I/O counters, no GPU query) and written with the last in one
-    write; the thread is started without waiting for it and is never joined (it wakes to
-    find the task over, and ends). Best-effort like the output capture: a files dir the
-    rank cannot write costs the task its samples, never its run.
+    in memory (no I/O counters, no GPU query) and written with the last in one write, and one
+    thread per process does the sampling in between (:func:`_loop`).
+    Best-effort like the output capture: a files dir the rank cannot write costs the task
+    its samples, never its run.
     """
 
     def __init__(self, directory: str, rank: int, interval: float):
         self.directory, self.rank, self.interval = directory, rank, interval
         self._fd = -1
-        self._pending = ""          # lines not yet written
+        self._pending: list = []    # samples not yet written
         self._last = None           # (time, cpu seconds) of the previous sample
-        self._mutex = _thread.allocate_lock()
-        self._stop = _thread.allocate_lock()     # held while the task runs
-        self._closed = False
+        self.last = 0.0             # its time
+        self.mutex = _thread.allocate_lock()
+        self.closed = False
 
     def __enter__(self) -> "Sampler":
-        self._take(final=False, first=True)
+        global _current
+        self.take(final=False, first=True)
         if self.interval > 0:
-            self._stop.acquire()
-            try:
-                _thread.start_new_thread(self._run, ())
-            except RuntimeError:     # no thread to be had: the first and last samples only
-                pass
+            _start_thread()
+            _current = self
+            if _looks_at > time.monotonic() + self.interval and _wake.locked():
+                _wake.release()
         return self
 
-    def _run(self) -> None:
-        while not self._stop.acquire(timeout=self.interval):
-            with self._mutex:
-                if self._closed:
-                    return
-                self._take(final=False)
-                self._flush()
-        self._stop.release()
-
     def __exit__(self, *exc) -> None:
-        with self._mutex:
-            self._closed = True
-            self._take(final=True)
-            self._flush()
+        global _current
+        if _current is self:
+            _current = None
+        with self.mutex:
+            self.closed = True
+            self.take(final=True)
+            self.flush()
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
-        if self._stop.locked():
-            self._stop.release()
 
-    def _take(self, final: bool, first: bool = False) -> None:
-        import json
-
+    def take(self, final: bool, first: bool = False) -> None:
         try:
-            sample = read_self(io=not first)
+            # No I/O counters in the first and last samples (each /proc file read cost a
+            # rank 35-60 us on a loaded machine, a no-op task's whole run ~2 ms); the memory
+            # is in every one (parsl-visualize's resource page fails on a null).
+            sample = read_self(io=not first and not final)
             now = time.time()
             cpu = sample["cpu_user_s"] + sample["cpu_system_s"]
             percent = 0.0
             if self._last is not None and now > self._last[0]:
                 percent = 100.0 * (cpu - self._last[1]) / (now - self._last[0])
-            self._last = (now, cpu)
+            self._last, self.last = (now, cpu), now
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             gpus, note = (None, "GPUs are not read when the task starts") if first and \
-                os.environ.get("CUDA_VISIBLE_DEVICES") else read_gpus(
-                    os.environ.get("CUDA_VISIBLE_DEVICES"))
+                visible else read_gpus(visible)
             sample.update(time=now, rank=self.rank, cpu_percent=percent, gpus=gpus,
                           gpu_note=note, final=final)
-            self._pending += json.dumps(sample) + "\n"
+            self._pending.append(sample)
         except Exception:  # noqa: BLE001 - a sample that fails is skipped, the task runs on
             pass
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         if not self._pending:
             return
+        import json
+
         try:
             if self._fd < 0:
                 self._fd = os.open(os.path.join(self.directory, sample_name(self.rank)),
                                    os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             # Whole lines in one write to an O_APPEND file: the reader sees whole lines.
-            os.write(self._fd, self._pending.encode())
+            os.write(self._fd, "".join(json.dumps(s) + "\n" for s in self._pending).encode())
         except OSError:
             pass
-        self._pending = ""
+        self._pending = []
 
 
 class _Off:

@@ -133,14 +133,6 @@ class TaskSamples:
         self._stamps.add(stamp)
         return stamp
 
-    def remove_files(self) -> None:
-        """Remove the files the ranks wrote (read to their end by now)."""
-        for path, _ in self._offsets.values():
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-
 
 def resource_message(samples: TaskSamples, sample: dict, run_id: str) -> dict:
     """A sample as Parsl's task monitor words a ``RESOURCE_INFO`` message."""
@@ -202,8 +194,7 @@ class Monitor:
             return
         with self._mutex:
             self._tasks.pop(task.id, None)
-        self._forward(samples, samples.read())
-        samples.remove_files()
+        self._forward(samples, samples.read())   # the files go with the task's others
         if samples.started:
             ends = [s[-1]["time"] for s in samples.by_rank.values() if s]
             self._worker_task_info(samples, max(ends), last=True,

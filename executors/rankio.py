@@ -266,7 +266,7 @@ class TaskFiles:
                 except OSError:  # no rank wrote there
                     continue
                 for name in names:
-                    if name.startswith(("out-", "stack-", "returned-")):
+                    if name.startswith(("out-", "stack-", "returned-", "samples-")):
                         _unlink(os.path.join(directory, name))
                 try:
                     os.rmdir(directory)

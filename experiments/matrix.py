@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -41,8 +42,8 @@ _SELF = os.path.abspath(__file__)
 
 
 def cells(rows: int, select: str = "") -> List[dict]:
-    """Every cell (:func:`name` containing each word of ``select``)."""
-    return [c for c in _cells(rows) if all(w in name(c) for w in select.split())]
+    """Every cell whose :func:`name` the regular expression ``select`` finds."""
+    return [c for c in _cells(rows) if re.search(select, name(c))]
 
 
 def _cells(rows: int) -> List[dict]:
@@ -279,7 +280,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--json")
-    ap.add_argument("--select", default="", help="only the cells whose name has these words")
+    ap.add_argument("--select", default="", help="only the cells whose name this regular expression finds")
     ap.add_argument("--worker", choices=["hetflow", "peers"], help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)

@@ -110,10 +110,14 @@ def measure(submit, n: int, window: int = 0) -> dict:
     submit().result()                      # warm: imports on the ranks or workers
     done = threading.Semaphore(0)
     lost = [0]
+    errors: List[str] = []          # the first few failures, as the report names them
 
     def delivered(future):
-        if future.exception() is not None:
+        error = future.exception()
+        if error is not None:
             lost[0] += 1
+            if len(errors) < 3:
+                errors.append(runner._first_line(error))
         done.release()
 
     rss_start = rss_mib()
@@ -132,7 +136,8 @@ def measure(submit, n: int, window: int = 0) -> dict:
         queued -= 1
     seconds = time.perf_counter() - t0
     return {"tasks_per_s": n / seconds, "seconds": seconds, "submit_s": submit_s,
-            "lost": lost[0] + queued, "rss_start_mib": rss_start, "rss_end_mib": rss_mib()}
+            "lost": lost[0] + queued, "errors": errors, "rss_start_mib": rss_start,
+            "rss_end_mib": rss_mib()}
 
 
 def _cases(cfg) -> List[tuple]:
@@ -207,7 +212,9 @@ def section(run, rows, out_dir, stem):
     lines += report._table(["tasks", "ranks", "slots", *execs, "pool − Parsl ms/task"], body)
     lost = sum(r.get("lost", 0) for r in points)
     big = max(points, key=lambda r: (r["queued"], r["executor"] == "pool"))
-    lines += [f"Tasks lost over every run: {lost}. Largest run: {big['executor']}, "
+    failed = sorted({e for r in points for e in r.get("errors", [])})
+    lines += [f"Tasks lost over every run: {lost}" + (f" (failures: {failed})" if failed else "")
+              + f". Largest run: {big['executor']}, "
               f"{big['queued']:,} tasks, {big['lost']} lost, client RSS "
               f"{big['rss_start_mib']:.0f} MiB at start, {big['rss_end_mib']:.0f} MiB at end; "
               f"load average (1 min) {big['load'][0]:.1f}.", ""]

@@ -418,3 +418,24 @@ def test_report_has_the_runtime_cpu_column(quick_run):
     assert found
     executors = {row[0] for _, body in found for row in body}
     assert executors == runtimes
+
+
+def test_runtime_cost_compares_variants_side_by_side(tmp_path):
+    # Two variants of one runtime, interleaved, 3 repeats each: every task row carries the op
+    # time, each rank's CPU during the op, the machine's load and others' CPU; the summary
+    # gives a ratio only where the ranges are disjoint.
+    out = tmp_path / "cost.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "hetflow.experiments.runtime_cost",
+                           "--rows", "2e4", "--repeats", "3", "--variants", "mpirun,mpirun:",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = load_rows(out)
+    tasks = [r for r in rows if r["kind"] == "task"]
+    assert [(r["variant"], r["op"], r["repeat"]) for r in tasks] == [
+        (v, op, rep) for rep in range(3) for v in ("mpirun", "mpirun:") for op in ("join", "sort")]
+    assert all(r["op_mean_s"] > 0 and len(r["op_cpu_s"]) == 2 and r["load1"] >= 0
+               and r["others_cores"] >= 0 and isinstance(r["busy"], bool) for r in tasks)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("| join")]
+    assert len(lines) == 2 and "(baseline)" in lines[0], proc.stdout
+    assert re.search(r"within noise|\d\.\d\dx", lines[1]), lines[1]

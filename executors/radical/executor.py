@@ -186,13 +186,25 @@ class RadicalExecutor(Executor):
         raptor = self.mode != "exec"
         self.pilot.open(base, self._state_cb, self.worker if raptor else None)
         if self.pilot.yield_cpu:
-            self._yielder = priority.Yielder(busy=lambda: bool(self._running),
+            self._yielder = priority.Yielder(busy=self._ranks_busy,
                                              processes=lambda: session_processes(base))
             self._yielder.start()
         if raptor:
             self._watchdog = threading.Thread(target=self._watch_raptor, daemon=True,
                                               name=f"{self.label}-raptor-watch")
             self._watchdog.start()
+
+    def _ranks_busy(self) -> bool:
+        """Whether some task's ranks have started (pid files) and not all of them have
+        written their outcome: only then may RP's daemons yield (its completion needs them)."""
+        with self._running_lock:
+            tasks = list(self._running.values())
+        for task in tasks:
+            taskdir = task.handle.taskdir
+            pids = taskdir.pids()
+            if pids and not all(taskdir.has_outcome(rank) for rank in pids):
+                return True
+        return False
 
     def _stop_runtime(self) -> None:
         if self._yielder is not None:

@@ -141,11 +141,15 @@ def set_group_nice(pid: int, nice: int, tries: int = 30) -> bool:
 
 
 class Yielder:
-    """While a task has been running ``after_s``, RP's daemon sessions run at nice 19; when
-    no task runs they are back at 0 (start-up, dispatch and close are not slowed by other
-    work on the node: a nice-19 group next to a busy session gets ~1.5% of a core).
+    """While some task's ranks have computed for ``after_s``, RP's daemon sessions run at
+    nice 19; once no task's ranks compute (they all wrote their outcomes: the completion
+    goes through RP) they are back at 0. Start-up, dispatch, completion and close are thus not
+    slowed by other work on the node (a nice-19 group next to a busy session gets ~1.5% of a
+    core: a task's completion kept waiting behind a load of 78, measured). Raising ~16 groups
+    takes ~1.6 s for a user without CAP_SYS_ADMIN (the kernel allows one change per 0.1 s).
 
-    ``busy()``: whether any task is running; ``processes()``: the pilot session's processes.
+    ``busy()``: whether some task's ranks are computing; ``processes()``: the pilot
+    session's processes.
     """
 
     def __init__(self, busy: Callable[[], bool], processes: Callable[[], list],

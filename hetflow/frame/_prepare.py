@@ -164,10 +164,10 @@ def prepare(op: str, tables: Sequence[DistributedTable], keys: Sequence[Sequence
         check()
     agreed = Agreed([_unflatten(f, layout) for f in gathered] if facts is not None else [])
     if _backend.requested_name(backend) == "pycylon":
-        decision = _route(comm, op, cylon()) if cylon is not None else ("", "")
-        if decision is None:
-            return Prepared(comm, "pycylon", agreed)
-        if decision[1]:
+        if cylon is not None:
+            decision = _route(comm, op, cylon())
+            if decision is None:
+                return Prepared(comm, "pycylon", agreed)
             _on_cpu(*decision)
         backend = "cpu"
     chosen = _backend.resolve(backend)
