@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional
 
 from hetflow import errors
 from hetflow.errors import ExecutorBroken
-from hetflow.executors._rank import collect
+from hetflow.executors.payload import collect
 from hetflow.executors.kernel import Task
 from hetflow.executors.pool import wire
 from hetflow.executors.pool.faults import check_health, lose

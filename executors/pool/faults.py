@@ -52,7 +52,7 @@ class Settlement:
     dead: Dict[int, List[int]] = field(default_factory=dict)
     #: Tasks to queue again, first.
     requeue: List[int] = field(default_factory=list)
-    #: Task -> how its ranks died, by task rank in rank order (``_rank.collect``'s ``deaths``).
+    #: Task -> how its ranks died, by task rank in rank order (``payload.collect``'s ``deaths``).
     fail: Dict[int, Deaths] = field(default_factory=dict)
     #: Tasks whose lost ranks need nothing more (delivered already, or stopped for them).
     forget: List[int] = field(default_factory=list)
@@ -83,7 +83,7 @@ def settle_lost(lost: Sequence[int], busy: Mapping[int, int], tasks: Mapping[int
         if task.done or task_id == blame:
             plan.forget.append(task_id)
             continue
-        # Cause first (as ``_rank.collect`` reads it): ranks with evidence in the order
+        # Cause first (as ``payload.collect`` reads it): ranks with evidence in the order
         # the evidence gives (earliest end first), then lost ranks that left none. A rank
         # killed from outside is named although a peer that died of its loss, with no
         # record yet, has the lower rank.
