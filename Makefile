@@ -18,7 +18,7 @@ OMPI_MPIEXEC ?= /usr/bin/mpiexec.openmpi
 TORCH_CPU ?= torch==2.13.0
 WHEELS ?= $(or $(PIP_FIND_LINKS),/opt/wheels)
 
-.PHONY: demo test test-main test-lowest test-openmpi openmpi slurm-up slurm-down
+.PHONY: demo test test-main test-lowest test-openmpi openmpi chromium slurm-up slurm-down
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -43,7 +43,7 @@ test: test-main
 # pass by reading the source tree). uv installs it in ~5 s where pip took ~35 s; hetflow
 # itself is always rebuilt (uv would reuse a cached build of this directory). The remapped
 # hetflow.executors package must import both ways: test-openmpi runs on an editable install.
-test-main: $(UV)
+test-main: chromium $(UV)
 	$(UV) pip install -q --compile-bytecode --python $(PY) --find-links $(WHEELS) '$(TORCH_CPU)'
 	$(UV) pip install -q --compile-bytecode --reinstall-package hetflow --python $(PY) '.[test]'
 	$(PY) -c "import torch; print('torch', torch.__version__)"
@@ -63,6 +63,11 @@ test-lowest: $(UV)
 openmpi:
 	command -v $(OMPI_MPIEXEC) >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev; }
+
+# Debian's Chromium, headless: tests/test_monitoring.py loads parsl-visualize's pages in it.
+chromium:
+	command -v chromium >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 # The parity and fault suites on Open MPI: a venv without the mpich wheel, mpi4py's binary
 # wheel loading Debian's libmpi, HETFLOW_MPIEXEC naming the site's launcher. (The parsl

@@ -27,6 +27,7 @@ if __name__ == "__main__":
     sys.exit(_rank.main())
 
 from hetflow.executors._mpishm import forget_mpi_shm_names
+from hetflow.executors._ranksample import sampling
 from hetflow.executors._supervise import KILLED_EXIT, supervise
 from hetflow.executors.payload import RankOutcome, TaskPayload, dumps, error_outcome, host
 from hetflow.executors.taskdir import TaskDir, user_umask
@@ -62,6 +63,8 @@ def bind_rank_environment(resources: dict, local_rank: int) -> None:
     :meth:`~hetflow.executors.kernel.Executor.rank_resources`).
     """
     os.environ["OMP_NUM_THREADS"] = str(resources["cores_per_rank"])
+    # polars sizes its pool when first imported (the frame engine's kernels, or user code)
+    os.environ["POLARS_MAX_THREADS"] = str(resources["cores_per_rank"])
     bind_gpus(resources.get("devices"), local_rank, resources["gpus_per_rank"])
 
 
@@ -83,7 +86,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
         payload: TaskPayload = pickle.loads(payload_bytes)
     except Exception as exc:  # e.g. the function's module is not importable on this rank
         return error_outcome(rank, exc, started, time.time(), "could not unpickle the task: ")
-    with _capture(payload.files, rank):
+    with _capture(payload.files, rank) as capture, sampling(capture, payload.files):
         arrive(comm)
         user_comm = comm.Dup()
         own_umask = user_umask()
@@ -116,8 +119,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
 
 def call_app(payload: TaskPayload, user_comm):
     """Call the task's function on this rank: the one place user code runs, with the task's
-    communicator current (``hetflow.task_comm``) and handed-over tables materialised. What
-    should happen around every app call on every runtime (a per-rank sampler) goes here."""
+    communicator current (``hetflow.task_comm``) and handed-over tables materialised."""
     from hetflow._task import task_comm
 
     args, kwargs = payload.args, payload.kwargs
@@ -141,7 +143,7 @@ def _capture(files, rank: int):
     process (the debug runtime: its output is already on the client's console)."""
     if not files:
         return _NoCapture()
-    here, elsewhere, output, client_pid, client_host = files
+    here, elsewhere, output, client_pid, client_host = files[:5]
     if client_host == host():
         if client_pid == os.getpid():
             return _NoCapture()

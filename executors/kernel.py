@@ -2,15 +2,16 @@
 
 A runtime is a Parsl executor (so it works in ``hetflow.runtime(name)`` and in a
 user's own ``parsl.Config``) built on :class:`Executor`. The kernel owns each
-task's life: validation, the FIFO-with-backfill queue, cancelling queued tasks,
-walltimes, delivery with timestamps, and shutdown. A runtime only starts and
+task's life: validation, the FIFO-with-backfill queue (:mod:`~hetflow.executors.dispatch`),
+cancelling queued tasks, walltimes, delivery with timestamps, and shutdown. A runtime only starts and
 stops work, through these hooks:
 
 ``_start(task)``            required. Run ``task`` on ``task.slots`` (rank slots the
                             queue gave it) and ``task.devices`` (GPU ids: give the
                             ranks :meth:`Executor.rank_resources`, which the shared
                             rank binding applies); called on the kernel's dispatch
-                            thread, so hand long work to a thread or an event loop. When the
+                            thread (``dispatch_on_release``: the one calling ``release``),
+                            so hand long work to a thread or an event loop. When the
                             task ends, call :meth:`Executor.complete` with the ranks'
                             outcomes (or :meth:`Executor.finish` with a value or error).
 ``_stop(task, error)``      required. Stop the running task's processes now. ``error``
@@ -55,64 +56,28 @@ errors are identical across runtimes by construction.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import os
 import sys
-import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Protocol, runtime_checkable
+from typing import Any, ContextManager, Dict, List, Optional, Protocol, runtime_checkable
 
 from parsl.executors.base import ParslExecutor
-from parsl.executors.errors import InvalidResourceSpecification
 
 from hetflow import errors, tables
 from hetflow.apps import ARGUMENTS_KWARG
 from hetflow.errors import ConfigError, ExecutorBroken, NotSupported, ResourcesUnavailable
-from hetflow.executors import rankio
+from hetflow.executors import monitoring, rankio, stacks
 from hetflow.executors.payload import TaskPayload, collect
 from hetflow.executors.allocation import default_slots
+from hetflow.executors.dispatch import Task, TaskQueue
+from hetflow.executors.resource_spec import InvalidResourceSpec, read_resources  # noqa: F401
 from hetflow.executors.scheduler import SlotScheduler
-from hetflow.executors.watch import Deadline, Watch
+from hetflow.executors.watch import Watch
 from hetflow.spec import Resources, gpu_ids
 from hetflow.tasks import TaskState, TaskTimes
-
-
-class InvalidResourceSpec(ConfigError, InvalidResourceSpecification):
-    """A ``parsl_resource_specification`` hetflow cannot read: another executor's keys, or
-    hetflow's own with bad values.
-
-    It is both a hetflow :class:`~hetflow.ConfigError` and Parsl's
-    ``InvalidResourceSpecification``, so code written for either catches it. It lives
-    here, where Parsl is imported anyway: ranks import ``hetflow.errors`` and must not
-    pay for Parsl.
-    """
-
-    def __init__(self, message: str, invalid_keys=()):
-        ConfigError.__init__(self, message)
-        self.message = message
-        self.invalid_keys = set(invalid_keys)
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __reduce__(self):
-        return (type(self), (self.message, self.invalid_keys))
-
-
-def read_resources(spec) -> Resources:
-    """``Resources`` from a task's ``parsl_resource_specification``, or InvalidResourceSpec."""
-    try:
-        return Resources.from_spec(spec)
-    except (ConfigError, TypeError) as exc:
-        try:
-            keys = set(spec)
-        except TypeError:   # not a mapping at all
-            keys = {type(spec).__name__}
-        raise InvalidResourceSpec(str(exc), keys) from exc
 
 
 @runtime_checkable
@@ -135,32 +100,6 @@ class Runtime(Protocol):
         """Settings ``hetflow.runtime`` puts in the Parsl Config around this executor."""
 
 
-@dataclass(eq=False)
-class Task:
-    """The kernel's record of one task; ``future.hetflow_task`` points to it."""
-
-    id: int
-    resources: Resources
-    payload: bytes
-    future: Future
-    times: TaskTimes
-    state: TaskState = TaskState.NEW
-    slots: list = field(default_factory=list)
-    #: The GPU ids the queue gave it (``ranks x gpus_per_rank`` of them, rank-major).
-    devices: list = field(default_factory=list)
-    #: The verdict the kernel decided (walltime, cancel, shutdown); wins over the runtime's.
-    error: Optional[BaseException] = None
-    deadline: Optional[Deadline] = None
-    #: The runtime's own handle on the running task (a launch, an RP task, ...).
-    handle: Any = None
-    #: Its files dir as the client follows it (rank output, returned ranks, stacks).
-    files: Optional[rankio.TaskFiles] = None
-
-    @property
-    def done(self) -> bool:
-        return self.future.done()
-
-
 class Executor(ParslExecutor):
     """The kernel every hetflow runtime builds on (see the module docstring for the hooks)."""
 
@@ -169,6 +108,9 @@ class Executor(ParslExecutor):
     #: it calls :meth:`_launched` when the task's processes start, and the walltime counts
     #: from there. Otherwise the task counts as launched when ``_start`` is called.
     reports_launch: bool = False
+    #: True: what fits on slots freed by :meth:`release` starts on the caller's thread, not
+    #: the dispatch thread (the pool's broker, whose ``_start`` only posts to itself).
+    dispatch_on_release: bool = False
     #: Where the ranks' output goes: ``"console"`` (the client's stdout, each line prefixed
     #: ``[task N rank R]``), ``"files"`` (``<runtime dir>/output/task-NNNNNN.log``), a text
     #: stream, or ``"off"`` (not captured). ``hetflow.runtime(output=...)`` sets it.
@@ -178,6 +120,9 @@ class Executor(ParslExecutor):
     hang_warning_s: float = rankio.HANG_WARNING_S
     #: A progress display (``hetflow._progress.Campaign``) told of every task, or None.
     progress: Any = None
+    #: Seconds between two resource samples of every rank (None: only when Parsl's resource
+    #: monitoring asks; see :mod:`hetflow.executors.monitoring`).
+    sample_s: Optional[float] = None
     _follower: Optional[rankio.Follower] = None     # set by start()
     _node_root: Optional[str] = None
 
@@ -194,15 +139,19 @@ class Executor(ParslExecutor):
         #: machine's), and how many.
         self.gpu_ids = gpu_ids(gpus)
         self.gpus = len(self.gpu_ids)
-        self._lock = threading.RLock()
-        self._kicked = threading.Condition(self._lock)
-        self._kick_pending = False
         self._scheduler = self._make_scheduler(max_bypass)
+        #: The queue and its dispatch thread (:mod:`hetflow.executors.dispatch`); its lock
+        #: guards the task table too.
+        self._queue = TaskQueue(f"{label}-dispatch", self._scheduler, self._launch,
+                                self._head_blocked)
+        self._lock = self._queue.lock
         self._live: Dict[Future, Task] = {}
         self._ids = itertools.count()
         self._stopping = False
         self._watch = Watch(f"{label}-watch")
-        self._dispatcher: Optional[threading.Thread] = None
+        self._client = (os.getpid(), os.uname().nodename)   # where the ranks' files dir is
+        self.remote_monitoring_radio = monitoring.radio()
+        self._monitor = monitoring.Monitor(self)
 
     # ------------------------------------------------------------------ hooks
     def _start(self, task: Task) -> None:
@@ -239,15 +188,14 @@ class Executor(ParslExecutor):
         private_dir(self.run_root)
         rankio.check_output(self.output)
         self._node_root = rankio.node_root(self.run_root, self.label)
-        self._follower = rankio.Follower(f"{self.label}-output", lambda: self.hang_warning_s)
+        self._follower = rankio.Follower(self.label, self._node_root, self.run_root, self.output,
+                                         lambda: self.hang_warning_s, lambda: self.progress)
         try:
             self._start_runtime()
         except BaseException:
             rankio.remove_node_root(self._node_root, self.run_root)
             raise
-        self._dispatcher = threading.Thread(target=self._dispatch_loop, daemon=True,
-                                            name=f"{self.label}-dispatch")
-        self._dispatcher.start()
+        self._queue.start()
 
     def submit(self, func, resource_specification, *args, **kwargs) -> Future:
         if self._stopping:
@@ -257,6 +205,8 @@ class Executor(ParslExecutor):
         future: Future = Future()
         task_id = next(self._ids)
         future.parsl_executor_task_id = task_id
+        func, kwargs, parsl_ids, parsl_interval = monitoring.unwrap(func, kwargs)
+        sample_s = self._monitor.interval(parsl_interval)
         # The arguments were pickled once at the call (hetflow.apps), unless a Future among
         # them was resolved since, or a table among them is carried another way now: then
         # they are pickled here.
@@ -264,8 +214,8 @@ class Executor(ParslExecutor):
         prepared_args, prepared_kwargs = tables.prepare(self, resources, args, kwargs)
         if prepared_args is not args or prepared_kwargs is not kwargs:
             args, kwargs, arguments = prepared_args, prepared_kwargs, None
-        files = (*self._files_dirs(task_id), self.output != "off", os.getpid(),
-                 os.uname().nodename)
+        files = (*self._follower.directories(task_id), self.output != "off", *self._client,
+                 sample_s)
         payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
                               resources=resources,
                               tables=os.path.join(self.run_root, tables.TABLES_DIR),
@@ -273,12 +223,13 @@ class Executor(ParslExecutor):
         task = Task(task_id, resources, payload, future,
                     TaskTimes(executor=self.label, ranks=resources.ranks, submitted=time.time()))
         future.hetflow_task = task
+        if sample_s is not None:
+            task.samples = self._monitor.watch(task, self._follower.directories(task_id),
+                                               sample_s, parsl_ids)
         self._admit(task, args, kwargs)
         with self._lock:
-            task.state = TaskState.SCHEDULING
             self._live[future] = task
-            self._scheduler.push(task, self._slots_needed(resources), self._gpus_needed(resources))
-            self._kick()
+            self._queue.push(task, self._slots_needed(resources), self._gpus_needed(resources))
         if self.progress is not None:
             self.progress.submitted(task_id)
         return future
@@ -302,7 +253,7 @@ class Executor(ParslExecutor):
             task = self._live.get(future)
             if task is None or task.done:
                 return False
-            queued = self._scheduler.remove(task)
+            queued = self._queue.remove(task)
         if queued:
             self.finish(task, error=errors.cancelled(task.id, self.label, running=False))
         elif "cancel_running" in self.unsupported:
@@ -316,12 +267,12 @@ class Executor(ParslExecutor):
             if self._stopping:
                 return
             self._stopping = True
-            queued = [entry[0] for entry in self._scheduler.queue]
-            self._scheduler.queue.clear()
-            running = [t for t in self._live.values() if t not in queued]
-            self._kick()
+            queued = self._queue.close()
+            waiting = set(queued)
+            running = [t for t in self._live.values() if t not in waiting]
         if self._follower is not None:
             self._follower.close()
+        self._monitor.close()
         for task in queued:
             self.finish(task, error=errors.shut_down(task.id, self.label))
         for task in running:
@@ -334,8 +285,7 @@ class Executor(ParslExecutor):
             self._watch.close()
             if self._node_root is not None:
                 rankio.remove_node_root(self._node_root, self.run_root)
-            if self._dispatcher is not None:
-                self._dispatcher.join(timeout=10)
+            self._queue.join(timeout=10)
 
     def parsl_config_options(self) -> dict:
         return {}
@@ -363,14 +313,13 @@ class Executor(ParslExecutor):
         with self._lock:
             if self._live.pop(task.future, None) is None:
                 return
-            if release and task.slots:
-                self._scheduler.release(task.slots)
-            self._scheduler.release_devices(task.devices)
+            if (release and task.slots) or task.devices:
+                self._queue.release(task.slots if release else (), task.devices)
             task.devices = []
-            self._kick()
         if task.deadline is not None:
             task.deadline.cancel()
         error = task.error or error
+        self._monitor.finish(task)     # its last samples, before its files dir goes
         if task.files is not None:     # every line the ranks wrote is out before the result
             self._follower.remove(task.files)
             task.files.close(success=error is None)
@@ -398,40 +347,23 @@ class Executor(ParslExecutor):
 
     def release(self, slots) -> None:
         """Free slots outside :meth:`finish` (``release=False`` runtimes)."""
-        with self._lock:
-            self._scheduler.release(slots)
-            self._kick()
+        self._queue.release(slots, now=self.dispatch_on_release)
 
     def requeue(self, *tasks: Task, release: bool = False) -> None:
         """Queue running tasks again, first (they lost their ranks through no fault of their
         own); ``release``: free their slots in the same step, so they go to them first."""
-        with self._lock:
-            for task in tasks:
-                if release and task.slots:
-                    self._scheduler.release(task.slots)
-                self._scheduler.release_devices(task.devices)
-                if task.deadline is not None:
-                    task.deadline.cancel()
-                task.slots, task.devices = [], []
-                task.state, task.deadline = TaskState.SCHEDULING, None
-                self._scheduler.push_front(task, self._slots_needed(task.resources),
-                                           self._gpus_needed(task.resources))
-            self._kick()
+        self._queue.requeue(tasks, release, lambda task: (
+            self._slots_needed(task.resources), self._gpus_needed(task.resources)))
 
     def dequeue(self, task: Task) -> bool:
         """Take ``task`` out of the queue; whether it was queued."""
-        with self._lock:
-            return self._scheduler.remove(task)
+        return self._queue.remove(task)
 
-    @contextlib.contextmanager
-    def placement(self, wake: bool = False) -> Iterator[SlotScheduler]:
+    def placement(self, wake: bool = False) -> ContextManager[SlotScheduler]:
         """The runtime's scheduler (from ``_make_scheduler``) under the queue's lock, to read
         or reshape (add, remove, hold slots); ``wake``: the dispatcher looks at the queue
         again afterwards."""
-        with self._lock:
-            yield self._scheduler
-            if wake:
-                self._kick()
+        return self._queue.placement(wake)
 
     def live_tasks(self) -> List[Task]:
         """Every task not yet delivered, queued or running."""
@@ -442,7 +374,7 @@ class Executor(ParslExecutor):
         """Fail every task, queued or running, with ``error_for(task)`` (the runtime is
         broken); each future gets an exception of its own."""
         with self._lock:
-            self._scheduler.queue.clear()
+            self._queue.drain()
             tasks = list(self._live.values())
         for task in tasks:
             self.finish(task, error=error_for(task), release=release)
@@ -473,70 +405,23 @@ class Executor(ParslExecutor):
         those still running, taken just before they are stopped."""
         if error is not None and task.error is None:
             if task.files is not None and not task.done:
-                self._explain(task, error)
+                stacks.explain(task.files, error)
             task.error = error
         if not task.done:
             self._stop(task, error)
 
-    def _explain(self, task: Task, error: BaseException) -> None:
-        files = task.files
-        files.check_returned(float("inf"))
-        running = files.running()
-        stacks = rankio.stacks(files.directories, running) if running else {}
-        state = files.hang_text(named=False) if files.returned else ""
-        silent = [r for r in running if r not in stacks]
-        if silent:
-            state += ("; " if state else "") + (f"no stack from rank(s) {silent} (not started, "
-                                                f"or not on this node)")
-        errors.with_stacks(error, state, stacks)
-
-    def _files_dirs(self, task_id: int) -> tuple:
-        """The task's files dirs: for ranks on this node (in memory where it can) and for
-        ranks elsewhere (in the run dir, which the nodes share)."""
-        name = f"task-{task_id:06d}"
-        return os.path.join(self._node_root, name), os.path.join(self.run_root, name)
-
-    def _follow(self, task: Task) -> None:
-        """Make the task's node-local files dir (owner-only) and follow it while it runs."""
-        if task.files is None:
-            directories = self._files_dirs(task.id)
-            rankio.private_dir(directories[0])
-            task.files = rankio.TaskFiles(task, self.label, directories, self.output,
-                                          self.run_root, self._follower.write_lock,
-                                          getattr(self.progress, "paused", None))
-        self._follower.add(task.files)
-
     # ------------------------------------------------------------------ dispatch
-    def _kick(self) -> None:
-        """Wake the dispatcher: slots were freed or tasks queued (call with the lock held)."""
-        self._kick_pending = True
-        self._kicked.notify()
-
-    def _dispatch_loop(self) -> None:
-        while True:
-            with self._lock:
-                while not self._kick_pending:
-                    self._kicked.wait()
-                self._kick_pending = False
-                if self._stopping:
-                    return
-                ready = self._scheduler.pop_ready()
-                head = self._scheduler.head()
-                for task, slots, devices in ready:
-                    task.slots, task.devices = list(slots), list(devices)
-                    task.state = TaskState.EXECUTING
-            for task, *_ in ready:
-                if not self.reports_launch:
-                    self.launched(task)
-                if self.progress is not None:
-                    self.progress.started(task.id)
-                try:
-                    self._follow(task)
-                    self._start(task)
-                except BaseException as exc:  # noqa: BLE001 - the future must learn of it
-                    self.finish(task, error=exc)
-            if head is not None:
-                self._head_blocked(head[0])
+    def _launch(self, task: Task) -> None:
+        """Start a task the queue placed (on the dispatch thread, outside the lock)."""
+        if not self.reports_launch:
+            self.launched(task)
+        if self.progress is not None:
+            self.progress.started(task.id)
+        try:
+            self._follower.follow(task)
+            self._start(task)
+        except BaseException as exc:  # noqa: BLE001 - the future must learn of it
+            self.finish(task, error=exc)
 
     @staticmethod
     def client_sys_path() -> list:

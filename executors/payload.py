@@ -51,8 +51,10 @@ class TaskPayload:
         self._resources = resources
         #: Where a rank writes its partition of a returned DistributedTable (hetflow.tables).
         self.tables = tables
-        #: ``(dir_on_client_node, dir_elsewhere, capture_output, client_pid, client_host)``:
-        #: where the ranks leave their output and stacks (``_rankio``); None: no capture.
+        #: ``(dir_on_client_node, dir_elsewhere, capture_output, client_pid, client_host,
+        #: sample_s)``: where the ranks leave their output, stacks and resource samples
+        #: (``_rankio``, ``_ranksample``: every ``sample_s`` seconds, None: off); None: no
+        #: capture.
         self.files = files
         self._arguments = arguments      # (args, kwargs) as the client pickled them once
 

@@ -17,22 +17,20 @@ its files in one of them (the table is in :mod:`hetflow.executors._rankio`). One
   ``hang_warning_s`` later, one warning (logger ``hetflow.tasks``) names them;
   ``task_times(f).returned`` holds when each returned.
 
-When the kernel stops a running task (walltime, cancel, shutdown), :func:`stacks` asks each
-rank that has not returned for its stacks (``SIGUSR1``: faulthandler writes them even while
-the rank waits inside MPI) and the error carries them, each frame with its source line.
+The follower visits running tasks only (the kernel adds a task when it starts and removes it
+when it is delivered), one :meth:`Follower.visit` each, and a visit reads nothing when the
+task's files have not grown since the last one (a ``stat`` of each dir, an ``fstat`` of each
+open output file): a visit costs the same however many tasks have run or wait. When the
+kernel stops a running task, :mod:`hetflow.executors.stacks` asks the ranks for their stacks.
 
 The channel is the file system: the dir is the client's own and owner-only, and only text
-and file names are read from it; no socket is opened and nothing is unpickled. A rank is
-signalled only when ``/proc/<pid>/fd`` shows it holding that task's stack file open: a pid
-that is not the rank (reused, or on another node) is never signalled.
+and file names are read from it; no socket is opened and nothing is unpickled.
 """
 from __future__ import annotations
 
 import contextlib
-import linecache
 import logging
 import os
-import re
 import sys
 import threading
 import time
@@ -40,6 +38,7 @@ from typing import Dict, Optional
 
 from hetflow._private import private_dir
 from hetflow.executors import _rankio
+from hetflow.executors.stacks import stacks, with_source  # noqa: F401 - their old home
 
 logger = logging.getLogger("hetflow.tasks")
 
@@ -47,14 +46,13 @@ logger = logging.getLogger("hetflow.tasks")
 TAIL_BYTES = 64 * 1024
 #: How often the follower reads the running tasks' files.
 POLL_S = 0.05
-#: How long a stopped task's ranks get to write their stacks.
-STACK_WAIT_S = 1.0
+#: A dir changed this recently may change again within the same timestamp (file systems
+#: stamp with a coarse clock): it is read again at the next visit all the same.
+RECENT_NS = 100_000_000
 #: Default seconds between a task's first rank returning and the warning about the others.
 HANG_WARNING_S = 30.0
 #: The named ``output`` modes.
 MODES = ("console", "files", "off")
-
-_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in ')
 
 
 def check_output(output) -> None:
@@ -82,6 +80,8 @@ class TaskFiles:
         # Reentrant: the follower and a thread stopping the task both read ``returned``.
         self._mutex = threading.RLock()
         self._handles: Dict[int, object] = {}
+        self._read_to: Dict[int, int] = {}     # rank -> bytes of its output read so far
+        self._stamps: tuple = ()               # the dirs' mtimes when last read
         self._partial: Dict[int, bytes] = {}
         self._tail = bytearray()
         self._log = None
@@ -122,9 +122,47 @@ class TaskFiles:
                 return b""
             self._handles[rank] = handle
         try:
-            return handle.read()
+            data = handle.read()
         except OSError:
             return b""
+        self._read_to[rank] = self._read_to.get(rank, 0) + len(data)
+        return data
+
+    def grown(self) -> bool:
+        """Whether the task's files may hold something not read yet: a file made or removed
+        in a dir (its mtime moved, or moved too recently to tell), or an output file longer
+        than what was read of it."""
+        now = time.time_ns()
+        stamps = []
+        for directory in self.directories:
+            try:
+                stamps.append(os.stat(directory).st_mtime_ns)
+            except OSError:
+                stamps.append(None)
+        stamps = tuple(stamps)
+        changed = stamps != self._stamps or any(s is not None and now - s < RECENT_NS
+                                                for s in stamps)
+        self._stamps = stamps
+        if changed:
+            return True
+        for rank, handle in self._handles.items():
+            try:
+                if os.fstat(handle.fileno()).st_size > self._read_to.get(rank, 0):
+                    return True
+            except (OSError, ValueError):
+                return True
+        return False
+
+    def follow(self, hang_warning_s: float) -> None:
+        """One visit of the follower: read what was written, note returned ranks, warn about
+        a hang; a task whose files have not grown costs a ``stat`` per dir and nothing more."""
+        with self._mutex:
+            if self.closed:
+                return
+            if self.grown():
+                self.poll()
+                self._scan_returned()
+            self._warn(hang_warning_s)
 
     def _prefixed(self, rank: int, data: bytes) -> list:
         prefix = f"[task {self.task.id} rank {rank}] "
@@ -163,6 +201,10 @@ class TaskFiles:
             self._check_returned(hang_warning_s)
 
     def _check_returned(self, hang_warning_s: float) -> None:
+        self._scan_returned()
+        self._warn(hang_warning_s)
+
+    def _scan_returned(self) -> None:
         for rank in range(self.ranks):
             if rank not in self.returned:
                 for directory in self.directories:
@@ -172,6 +214,8 @@ class TaskFiles:
                         break
                     except OSError:
                         continue
+
+    def _warn(self, hang_warning_s: float) -> None:
         if self.warned or not self.returned or len(self.returned) >= self.ranks \
                 or self.task.done:
             return
@@ -210,8 +254,10 @@ class TaskFiles:
             self.closed = True
             for handle in self._handles.values():
                 handle.close()
+            self._handles, self._partial, self._read_to = {}, {}, {}
             if self._log is not None:
                 self._log.close()
+                self._log = None
             if not success:
                 return
             for directory in self.directories:
@@ -220,7 +266,7 @@ class TaskFiles:
                 except OSError:  # no rank wrote there
                     continue
                 for name in names:
-                    if name.startswith(("out-", "stack-", "returned-")):
+                    if name.startswith(("out-", "stack-", "returned-", "samples-")):
                         _unlink(os.path.join(directory, name))
                 try:
                     os.rmdir(directory)
@@ -261,17 +307,36 @@ def _unlink(path: str) -> None:
 
 
 class Follower:
-    """The thread that reads every running task's files (one per runtime)."""
+    """The thread that reads every running task's files (one per runtime ``label``, whose
+    tasks' dirs are in ``node_root`` and ``run_root``)."""
 
-    def __init__(self, name: str, hang_warning_s):
-        self._name = name
+    def __init__(self, label: str, node_root: str, run_root: str, output, hang_warning_s,
+                 progress=lambda: None):
+        self._name = f"{label}-output"
+        self.label, self.node_root, self.run_root, self.output = label, node_root, run_root, output
         self._hang_warning_s = hang_warning_s   # a callable: the runtime's setting now
+        self._progress = progress               # a callable: the runtime's progress bar, or None
         self._tasks: Dict[int, TaskFiles] = {}
         self._mutex = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
         self._thread: Optional[threading.Thread] = None
         self.write_lock = threading.Lock()
+
+    def directories(self, task_id: int) -> tuple:
+        """A task's files dirs: for ranks on this node (in memory where it can) and for ranks
+        elsewhere (in the run dir, which the nodes share)."""
+        name = f"task-{task_id:06d}"
+        return os.path.join(self.node_root, name), os.path.join(self.run_root, name)
+
+    def follow(self, task) -> None:
+        """Make the task's node-local files dir (owner-only) and follow it while it runs."""
+        if task.files is None:
+            directories = self.directories(task.id)
+            private_dir(directories[0])
+            task.files = TaskFiles(task, self.label, directories, self.output, self.run_root,
+                                   self.write_lock, getattr(self._progress(), "paused", None))
+        self.add(task.files)
 
     def add(self, files: TaskFiles) -> None:
         with self._mutex:
@@ -293,129 +358,19 @@ class Follower:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
 
+    def visit(self, files: TaskFiles, hang_warning_s: float) -> None:
+        """The follower's work for one running task, each :data:`POLL_S`."""
+        files.follow(hang_warning_s)
+
     def _run(self) -> None:
         while not self._closed:
             with self._mutex:
                 tasks = list(self._tasks.values())
+            hang_warning_s = self._hang_warning_s()
             for files in tasks:
                 try:
-                    files.poll()
-                    files.check_returned(self._hang_warning_s())
+                    self.visit(files, hang_warning_s)
                 except Exception:  # one task's files must not stop the others' (logged)
                     logger.exception("%s: reading task %s's files failed", self._name,
                                      files.task.id)
             self._wake.wait(POLL_S)
-
-
-# ---------------------------------------------------------------------- stacks
-def stacks(directories, ranks, wait_s: float = STACK_WAIT_S) -> Dict[int, str]:
-    """Ask ranks ``ranks`` of the task whose files dirs are ``directories`` for their Python
-    stacks; ``{rank: text}`` for those that answered within ``wait_s``."""
-    asked = {}
-    names = []
-    for directory in directories:
-        try:
-            names += [(directory, name) for name in os.listdir(directory)]
-        except OSError:
-            continue
-    for directory, name in names:
-        match = re.fullmatch(r"stack-(\d+)-(\d+)\.txt", name)
-        if not match or int(match.group(1)) not in ranks:
-            continue
-        rank, pid, path = int(match.group(1)), int(match.group(2)), os.path.join(directory, name)
-        if not _holds(pid, path):
-            continue
-        try:
-            before = os.path.getsize(path)
-            os.kill(pid, _rankio.STACK_SIGNAL)
-        except OSError:
-            continue
-        asked[rank] = (path, before)
-    found: Dict[int, str] = {}
-    sizes: Dict[int, int] = {}
-    deadline = time.monotonic() + wait_s
-    while asked and time.monotonic() < deadline:
-        time.sleep(0.02)
-        for rank, (path, before) in list(asked.items()):
-            size = os.path.getsize(path) if os.path.exists(path) else before
-            if size > before and sizes.get(rank) == size:     # written, and no longer growing
-                with open(path, errors="replace") as fh:
-                    fh.seek(before)
-                    found[rank] = with_source(fh.read())
-                del asked[rank]
-            sizes[rank] = size
-    return found
-
-
-def _holds(pid: int, path: str) -> bool:
-    """Whether process ``pid`` of this node has ``path`` open (it is that task's rank)."""
-    folder = f"/proc/{pid}/fd"
-    path = os.path.realpath(path)
-    try:
-        fds = os.listdir(folder)
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if os.readlink(os.path.join(folder, fd)) == path:
-                return True
-        except OSError:
-            continue
-    return False
-
-
-#: The first frame below a task's function: hetflow's runner and what started it.
-_RUNNER = re.compile(r'^\s+File ".*hetflow[/\\]_task\.py", line \d+ in __call__$')
-
-
-#: Frames of the runtime's own threads on a rank (a pool rank's control loop, zmq's, the
-#: threading module's): a thread made only of these is not the user's and is left out.
-_RUNTIME_FILE = re.compile(r'hetflow[/\\]executors[/\\]|[/\\]zmq[/\\]|[/\\]threading\.py$')
-
-
-def _task_thread_first(dump: str) -> str:
-    """faulthandler's dump with the thread running the task first, and without the threads
-    whose every frame is the runtime's own (a persistent rank's control thread): the user
-    reads where their function is before anything else."""
-    threads, current = [], None
-    for line in dump.splitlines():
-        if line and not line.startswith(" "):      # a thread's header
-            current = [line]
-            threads.append(current)
-        elif current is not None:
-            current.append(line)
-    if not threads:
-        return dump
-
-    def runs_task(block):
-        return any(_RUNNER.match(line) for line in block)
-
-    def runtime_only(block):
-        files = [m.group(1) for m in map(_FRAME.match, block) if m]
-        return bool(files) and all(_RUNTIME_FILE.search(f) for f in files)
-
-    ordered = ([b for b in threads if runs_task(b)]
-               + [b for b in threads if not runs_task(b) and not runtime_only(b)])
-    return "\n\n".join("\n".join(b).rstrip("\n") for b in ordered or threads)
-
-
-def with_source(dump: str) -> str:
-    """faulthandler's dump with each frame's source line under it (read on the client: the
-    same files where the client and ranks share a file system), the task's thread first and
-    without the frames of hetflow's runner below the task's function."""
-    lines = []
-    below = False
-    for line in _task_thread_first(dump).splitlines():
-        if _RUNNER.match(line):
-            below = True
-        elif not line.startswith(" "):     # the next thread's header
-            below = False
-        if below:
-            continue
-        lines.append(line)
-        frame = _FRAME.match(line)
-        if frame:
-            source = linecache.getline(frame.group(1), int(frame.group(2))).strip()
-            if source:
-                lines.append(f"    {source}")
-    return "\n".join(lines)

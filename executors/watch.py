@@ -39,15 +39,20 @@ POLL_S = 0.02
 class Deadline:
     """One armed deadline; :meth:`cancel` disarms it (idempotent)."""
 
-    __slots__ = ("when", "action", "cancelled")
+    __slots__ = ("when", "action", "cancelled", "_owner")
 
-    def __init__(self, when: float, action: Callable[[], None]):
+    def __init__(self, when: float, action: Callable[[], None], watch=None):
         self.when = when
         self.action = action
         self.cancelled = False
+        self._owner = watch
 
     def cancel(self) -> None:
-        self.cancelled = True
+        if not self.cancelled:
+            self.cancelled = True
+            self.action = None          # what it would have run (a task) is not kept
+            if self._owner is not None:
+                self._owner._cancelled()
 
     def remaining(self) -> float:
         return self.when - time.monotonic()
@@ -63,10 +68,11 @@ class Watch:
         self._cond = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._closed = False
+        self._dead = 0              # cancelled deadlines still in the heap (about)
 
     def after(self, seconds: float, action: Callable[[], None]) -> Deadline:
         """Run ``action()`` in ``seconds`` unless the returned deadline is cancelled first."""
-        deadline = Deadline(time.monotonic() + seconds, action)
+        deadline = Deadline(time.monotonic() + seconds, action, self)
         with self._cond:
             if self._closed:
                 deadline.cancel()
@@ -78,12 +84,22 @@ class Watch:
             self._cond.notify()
         return deadline
 
+    def _cancelled(self) -> None:
+        """A deadline was cancelled: once most are, drop them (a walltime per task must not
+        keep every delivered task's deadline until it would have passed)."""
+        with self._cond:
+            self._dead += 1
+            if self._dead > 64 and self._dead * 2 > len(self._heap):
+                self._heap = [entry for entry in self._heap if not entry[2].cancelled]
+                heapq.heapify(self._heap)
+                self._dead = 0
+
     def close(self) -> None:
         """Disarm everything and end the thread."""
         with self._cond:
             self._closed = True
             for _, _, deadline in self._heap:
-                deadline.cancel()
+                deadline.cancelled, deadline.action = True, None
             self._heap.clear()
             self._cond.notify()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -99,9 +115,13 @@ class Watch:
                 if self._closed:
                     return
                 _, _, deadline = heapq.heappop(self._heap)
-            if deadline.cancelled:
+                if deadline.cancelled:
+                    self._dead = max(0, self._dead - 1)
+                    continue
+                action = deadline.action
+            if action is None:              # cancelled just now
                 continue
             try:
-                deadline.action()
+                action()
             except Exception:  # one failing action must not end every watch (logged)
                 logger.exception("%s: a deadline action failed", self._name)

@@ -1,6 +1,7 @@
 """``hetflow bench`` / ``python -m hetflow.experiments``: run named experiments, write results and a report.
 
     hetflow bench weak [--quick] [--repeats N] [--rows 1e6,2e6] [--executors mpirun,pool] [--out DIR]
+    hetflow bench throughput [--queued 1000,1e4] [--slots 2,32]      # tasks/s vs tasks queued
     hetflow bench all --out experiments/results        # every experiment, one report
     hetflow bench report DIR/results.jsonl             # the report again, from the results alone
     hetflow bench list                                 # the experiments and what they measure
@@ -19,7 +20,7 @@ from hetflow.errors import ConfigError
 
 RESULTS_NAME = "results.jsonl"
 #: The order ``all`` runs the experiments in (and the report lists them in).
-ORDER = ("weak", "strong", "overhead", "pilot", "peers", "analytics", "paper")
+ORDER = ("weak", "strong", "overhead", "pilot", "peers", "analytics", "paper", "throughput")
 
 
 def _split(text: Optional[str]) -> Optional[List[str]]:
@@ -30,21 +31,58 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def build_parser(prog: str = "hetflow bench") -> argparse.ArgumentParser:
+#: What --rows, --ranks and --iterations mean for an experiment kind, where not the default.
+MEANINGS = {"pipeline": {
+    "rows": "events per rank of the features task",
+    "ranks": "ranks of the features and evaluation tasks (training: the config's train_ranks)",
+    "iterations": "training epochs of the DDP task"}}
+
+
+def experiment_help(name: str) -> str:
+    """What one experiment runs, and what each option means for it, with its settings."""
+    from hetflow.experiments import config as configs
+
+    full, quick = configs.load(name), configs.load(name, quick=True)
+    mean = MEANINGS.get(full.kind, {})
+    rows = "rows per rank" if configs.KINDS[full.kind] == "per_rank" else "rows in total"
+    lines = [f"{name}: {full.description}.", "",
+             f"Its config: {os.path.join(configs.CONFIG_DIR, name + '.toml')}.", "",
+             "What the options mean for it, and its settings (full run; --quick):"]
+    for option, meaning in (("rows", mean.get("rows", rows)),
+                            ("ranks", mean.get("ranks", "rank counts per task")),
+                            ("iterations", mean.get("iterations", "op iterations per task")),
+                            ("repeats", "repeats of each measurement"),
+                            ("executors", "runtimes it runs on")):
+        values = [getattr(c, option) for c in (full, quick)]
+        values = [", ".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in values]
+        lines.append(f"  --{option:<11} {meaning}: {values[0]}; {values[1]}")
+    return "\n".join(lines)
+
+
+def build_parser(prog: str = "hetflow bench",
+                 experiment: Optional[str] = None) -> argparse.ArgumentParser:
     from hetflow.experiments.config import experiment_names
 
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Run the Radical-Cylon reproduction experiments and write a report.")
+    if experiment in experiment_names():
+        parser = argparse.ArgumentParser(prog=prog, description=experiment_help(experiment),
+                                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    else:
+        parser = argparse.ArgumentParser(
+            prog=prog, description="Run the Radical-Cylon reproduction experiments and write a "
+            "report. 'hetflow bench NAME --help' says what the options mean for one of them.")
     parser.add_argument("experiment", help=f"one of {experiment_names()}, 'all', 'list', "
                         "'report RESULTS', or a path to a .toml config")
     parser.add_argument("results", nargs="?", help="(with 'report') the results file to report on")
     parser.add_argument("--quick", action="store_true",
                         help="the ~1-minute smoke version (the config's [quick] table)")
     parser.add_argument("--repeats", type=int, help="repeats per measurement")
-    parser.add_argument("--iterations", type=int, help="op iterations per task (paper: 10)")
+    parser.add_argument("--iterations", type=int, help="op iterations per task (paper: 10); "
+                        "pipeline: training epochs")
     parser.add_argument("--rows", help="comma-separated row counts (per rank or total, as the "
                         "experiment reads them), e.g. 1e6,2_000_000")
     parser.add_argument("--ranks", help="comma-separated rank counts, e.g. 1,2,4")
+    parser.add_argument("--queued", help="(throughput) comma-separated task counts, e.g. 1000,1e4")
+    parser.add_argument("--slots", help="(throughput) comma-separated slot counts, e.g. 2,32")
     parser.add_argument("--executors", help="comma-separated runtimes, e.g. mpirun,pool "
                         "(not installed ones are skipped and reported)")
     parser.add_argument("--out", help="output directory (default ./hetflow-bench-<time>); the "
@@ -57,7 +95,8 @@ def main(argv: Optional[List[str]] = None, prog: str = "hetflow bench") -> int:
     from hetflow.experiments import config as configs
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(prog).parse_args(argv)
+    named = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(prog, named).parse_args(argv)
     try:
         if args.experiment == "list":
             for name in configs.experiment_names():
@@ -67,6 +106,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "hetflow bench") -> int:
         if args.experiment == "report":
             if not args.results:
                 raise ConfigError("usage: hetflow bench report RESULTS [--out DIR]")
+            from hetflow.experiments import throughput  # registers its report section
             from hetflow.experiments.report import write_report
 
             print(write_report(args.results, args.out, plots=not args.no_plots))
@@ -78,13 +118,15 @@ def main(argv: Optional[List[str]] = None, prog: str = "hetflow bench") -> int:
             names = [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]
         overrides = dict(repeats=args.repeats, iterations=args.iterations,
                          rows=configs.parse_ints(args.rows), ranks=configs.parse_ints(args.ranks),
-                         executors=_split(args.executors))
+                         executors=_split(args.executors), queued=configs.parse_ints(args.queued),
+                         slots=configs.parse_ints(args.slots))
         cfgs = [configs.load(n, quick=args.quick).replace(**overrides) for n in names]
         if args.experiment == "all":  # the paper-scale run is asked for by name
             cfgs = [c for c in cfgs if c.in_all]
     except ConfigError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
+    from hetflow.experiments import throughput  # noqa: F401 - registers its runner, section
     from hetflow.experiments.report import write_report
     from hetflow.experiments.runner import Recorder, run_experiment
 

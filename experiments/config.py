@@ -26,6 +26,8 @@ KINDS = {
     "analytics": "total",     # rows of the big table, one size per entry
     "paper": "per_rank",      # rows per rank of the weak cases (strong: ``strong_rows``)
     "pipeline": "per_rank",   # events per rank of the features task
+    "throughput": "total",    # (unused: ``queued`` gives the task counts)
+    "soak": "total",          # throughput's 100,000-task run
 }
 #: How the pipeline's features table reaches its later tasks (see experiments/pipeline.py).
 HANDOFFS = ("table", "keep")
@@ -64,6 +66,12 @@ class ExperimentConfig:
     #: (pipeline) training mini-batch size and hidden width of the MLP
     batch_size: int = 64
     hidden: int = 16
+    #: (throughput) tasks submitted at once, slot counts, and at most this many queued at
+    #: a time (0: all at once); ``task_limits``: the most tasks a runtime is given (mpirun)
+    queued: Tuple[int, ...] = (1000,)
+    slots: Tuple[int, ...] = (2,)
+    window: int = 0
+    task_limits: Dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -72,7 +80,8 @@ class ExperimentConfig:
         bad = [op for op in self.ops if op not in OPS]
         if bad:
             raise ConfigError(f"experiment {self.name!r}: unknown op(s) {bad}; expected {OPS}")
-        for name, values in (("ranks", self.ranks), ("rows", self.rows)):
+        for name, values in (("ranks", self.ranks), ("rows", self.rows),
+                             ("queued", self.queued), ("slots", self.slots)):
             if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
                                  for v in values):
                 raise ConfigError(f"experiment {self.name!r}: {name} must be a non-empty list of "

@@ -59,12 +59,11 @@ def features_task(comm, rows_per_rank: int, seed: int, mode: str):
 
     def columns(local: pa.Table) -> pa.Table:
         x1 = local.column("x1_mean").to_numpy()
-        x2 = local.column("x2").to_numpy()   # one function: the column keeps its name
-        xw = local.column("xw").to_numpy()
+        x2 = local.column("x2_mean").to_numpy()
+        xw = local.column("xw_mean").to_numpy()
         n = local.column("x1_count").to_numpy().astype(np.float64)
         y = 2.0 * x1 - 3.0 * x2 + 1.5 * xw + np.tanh(x1 * xw) + 0.1 * np.log1p(n)
-        out = {"user": local.column("user"), "x1_mean": local.column("x1_mean"),
-               "x2_mean": local.column("x2"), "xw_mean": local.column("xw")}
+        out = {c: local.column(c) for c in ("user", "x1_mean", "x2_mean", "xw_mean")}
         out["events"] = pa.array(np.log1p(n))
         out[LABEL] = pa.array(y)
         return pa.table({k: pc.cast(v, pa.float32()) if k != "user" else v

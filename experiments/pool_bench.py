@@ -9,6 +9,8 @@ Prints one table and the ratios against mpirun. Never fails on a time: it only r
 ``--auth``: the pool with its message signing on (the default) against the same
 build with ``authenticate=False``, in one run, alternating the two ``--rounds``
 times (the machine's load drifts) and reporting each one's best round.
+``--samples S``: the same for every rank sampling its resource use every S seconds
+(``hetflow.runtime(sample_s=S)``, hetflow.executors.monitoring) against sampling off.
 ``--output``: the same for the ranks' output forwarded (to a stream: the console's path,
 writing to /dev/null) against ``output="off"``, each rank printing one line per task.
 """
@@ -34,16 +36,21 @@ def say(comm):
 
 def measure(name: str, n: int, options: dict, app=noop) -> dict:
     t0 = time.perf_counter()
-    with hetflow.runtime(name, **options):
+    from hetflow.executors.runtime_cpu import RuntimeCPU
+
+    with hetflow.runtime(name, **options) as dfk:
         start_s = time.perf_counter() - t0
         app().result()                                       # warm: imports on the ranks
         overheads = []
+        cpu = RuntimeCPU(dfk.hetflow_token)    # the CPU of the client and all it started
+        cpu.start()
         t = time.perf_counter()
         for _ in range(n):
             fut = app()
             fut.result()
             overheads.append(hetflow.task_times(fut).overhead_s)
         sequential_s = time.perf_counter() - t
+        cpu_ms = 1e3 * cpu.stop()["cpu_s"] / n
         t = time.perf_counter()
         futs = [app() for _ in range(n)]
         for fut in futs:
@@ -52,7 +59,7 @@ def measure(name: str, n: int, options: dict, app=noop) -> dict:
     return {"runtime": name, "start_s": start_s,
             "overhead_ms": 1e3 * statistics.mean(overheads),
             "overhead_p50_ms": 1e3 * statistics.median(overheads),
-            "sequential_ms": 1e3 * sequential_s / n,
+            "sequential_ms": 1e3 * sequential_s / n, "cpu_ms": cpu_ms,
             "tasks_per_s": n / batch_s}
 
 
@@ -189,23 +196,28 @@ def on_off(label: str, what: str, n: int, rounds: int, on: dict, off: dict, app=
         for key in (("on", "off") if i % 2 == 0 else ("off", "on")):
             runs[key].append(measure("pool", n, on if key == "on" else off, app=app))
     fields = (("overhead_ms", min), ("overhead_p50_ms", min), ("sequential_ms", min),
-              ("tasks_per_s", max))
+              ("tasks_per_s", max), ("cpu_ms", min))
     best = {k: {f: pick(r[f] for r in v) for f, pick in fields} for k, v in runs.items()}
     median = {k: {f: statistics.median(r[f] for r in v) for f, _ in fields}
               for k, v in runs.items()}
     print(f"pool, {n} 2-rank {app.__name__} tasks, {rounds} rounds (order alternating)")
-    print(f"{label:12} {'overhead ms':>12} {'p50 ms':>8} {'seq ms/task':>12} {'tasks/s':>9}")
+    print(f"{label:12} {'overhead ms':>12} {'p50 ms':>8} {'seq ms/task':>12} {'tasks/s':>9} "
+          f"{'CPU ms/task':>12}")
     for label, table in (("best", best), ("median", median)):
         for key in ("on", "off"):
             r = table[key]
             print(f"{key + ' ' + label:12} {r['overhead_ms']:12.3f} {r['overhead_p50_ms']:8.3f} "
-                  f"{r['sequential_ms']:12.3f} {r['tasks_per_s']:9.1f}")
+                  f"{r['sequential_ms']:12.3f} {r['tasks_per_s']:9.1f} {r['cpu_ms']:12.3f}")
+    for key in ("on", "off"):
+        print(f"{key} rounds: overhead ms " + ", ".join(f"{r['overhead_ms']:.2f}" for r in runs[key])
+              + "; CPU ms/task " + ", ".join(f"{r['cpu_ms']:.2f}" for r in runs[key]))
     for label, table in (("best", best), ("median", median)):
         on, off = table["on"], table["off"]
         print(f"{what} costs ({label}): overhead "
               f"x{on['overhead_ms'] / off['overhead_ms']:.3f} "
               f"(p50 x{on['overhead_p50_ms'] / off['overhead_p50_ms']:.3f}), "
-              f"throughput x{on['tasks_per_s'] / off['tasks_per_s']:.3f}")
+              f"throughput x{on['tasks_per_s'] / off['tasks_per_s']:.3f}, "
+              f"CPU per task x{on['cpu_ms'] / off['cpu_ms']:.3f}")
 
 
 def hmac_work_us(repeat: int = 20000) -> float:
@@ -240,12 +252,23 @@ def main(argv=None) -> int:
                         help="the pool with authentication on vs off (see the docstring)")
     parser.add_argument("--output", action="store_true",
                         help="the pool with rank output forwarded vs off (see the docstring)")
+    parser.add_argument("--samples", type=float, metavar="S",
+                        help="the pool with per-rank sampling every S s vs off")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     if args.auth:
         return auth_cost(args.n, args.max_ranks, args.rounds)
     if args.output:
         return output_cost(args.n, args.max_ranks, args.rounds)
+    if args.samples is not None:
+        with open("/proc/loadavg") as fh:
+            print("load average before:", fh.read().split()[:3])
+        on_off("samples", f"sampling every {args.samples:g} s", args.n, args.rounds,
+               {"max_ranks": args.max_ranks, "sample_s": args.samples},
+               {"max_ranks": args.max_ranks})
+        with open("/proc/loadavg") as fh:
+            print("load average after:", fh.read().split()[:3])
+        return 0
     available = hetflow.available_runtimes()
     rows = []
     for name in args.runtimes:

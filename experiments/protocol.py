@@ -5,7 +5,10 @@ int64 columns (key, value) with keys uniform in ``[0, unique x total rows)``,
 seeded by the rank; then ``iterations`` times ``barrier; t0; op; barrier; t1``,
 the iteration's time being the mean over ranks. The task reports, from rank 0,
 the per-iteration times, data generation, the in-task total (engine import,
-generation and all iterations) and memory.
+generation and all iterations) and memory; and, around the iterations, each rank's CPU
+seconds (``rank_core_share``: the share of a core a rank got), the machine's load, the CPU of
+the runtime's own processes and of all others, and whether the machine was ``busy`` (see
+``experiments/machine.py``).
 
 This module imports only the standard library at the top: ranks start fast, and
 ``python -m hetflow.experiments.protocol`` is the bare ``mpiexec`` baseline (no hetflow runtime).
@@ -27,6 +30,12 @@ RIGHT_SEED = 1_000_003
 def _rss_mb() -> float:
     """This process's peak resident set, MiB (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _cpu_s() -> float:
+    """This process's user + system CPU seconds so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def cylon_task(comm, op: str, rows_per_rank: int, iterations: int, unique: float = 0.9,
@@ -59,6 +68,15 @@ def cylon_task(comm, op: str, rows_per_rank: int, iterations: int, unique: float
         pq.write_table(left.local, os.path.join(dump_dir, f"left-{rank:04d}.parquet"))
         if right is not None:
             pq.write_table(right.local, os.path.join(dump_dir, f"right-{rank:04d}.parquet"))
+    # What else ran meanwhile (rank 0 reads every process's CPU around the iterations) and
+    # how much CPU each rank got during them: a rank that waited for a core shows it.
+    pids = comm.gather(os.getpid(), root=0)
+    window = None
+    if rank == 0:
+        from hetflow.experiments.machine import Window
+
+        window = Window().start()
+    cpu0 = _cpu_s()
     times, rows_out, path = [], 0, ""
     for _ in range(iterations):
         # The engine's sleeping barrier, not MPICH's: its blocking barrier busy-polls, so on a
@@ -72,8 +90,10 @@ def cylon_task(comm, op: str, rows_per_rank: int, iterations: int, unique: float
         rows_out = out.local.num_rows
         path = getattr(out, "backend", "")
         del out
+    op_cpu_s = _cpu_s() - cpu0
+    machine = window.stop(ranks=pids) if window is not None else {}
     total_s = time.perf_counter() - t_begin
-    gathered = comm.gather({"times": times, "rows_out": rows_out, "rss_mb": _rss_mb(),
+    gathered = comm.gather({"op_cpu_s": op_cpu_s, "times": times, "rows_out": rows_out, "rss_mb": _rss_mb(),
                             "gen_s": gen_s, "setup_s": setup_s, "total_s": total_s,
                             "path": path}, root=0)
     if rank != 0:
@@ -89,6 +109,11 @@ def cylon_task(comm, op: str, rows_per_rank: int, iterations: int, unique: float
         "peak_rss_mb": max(g["rss_mb"] for g in gathered),
         "sum_rss_mb": sum(g["rss_mb"] for g in gathered),
         "engine_path": gathered[0]["path"],
+        # CPU seconds each rank used during the iterations, and the share of a core it got
+        "op_cpu_s": [g["op_cpu_s"] for g in gathered],
+        "rank_core_share": (sum(g["op_cpu_s"] for g in gathered) / size / sum(per_iter)
+                            if sum(per_iter) > 0 else None),
+        **machine,
     }
 
 

@@ -18,9 +18,9 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import List, Optional
+from typing import Dict, List, Optional
 
-from hetflow.experiments import protocol
+from hetflow.experiments import owncpu, protocol
 from hetflow.experiments.config import ExperimentConfig
 from hetflow.experiments.env import host_info, library_versions
 
@@ -118,15 +118,16 @@ def runtime_session(cfg: ExperimentConfig, name: str, rec: Recorder, max_ranks: 
         return
     options = {"max_ranks": max_ranks, **cfg.executor_options.get(name, {})}
     t0 = time.perf_counter()
-    manager = runtime(name, **options)
+    manager = runtime(name, sample_s=owncpu.SAMPLE_S, **options)
     try:
-        manager.__enter__()
+        dfk = manager.__enter__()
     except Exception as exc:  # noqa: BLE001 - a runtime that won't start is a result too
         rec.write(kind="error", experiment=cfg.name, executor=name, stage="start",
                   error=_first_line(exc))
         yield None
         return
     startup_s = time.perf_counter() - t0
+    own_cpu = owncpu.idle(dfk)
     session = {"startup_s": startup_s, "options": options}
     try:
         yield session
@@ -139,7 +140,8 @@ def runtime_session(cfg: ExperimentConfig, name: str, rec: Recorder, max_ranks: 
                       error=_first_line(exc))
         rec.write(kind="session", experiment=cfg.name, executor=name,
                   max_ranks=options["max_ranks"],
-                  options=options, startup_s=startup_s, shutdown_s=time.perf_counter() - t1)
+                  options=options, startup_s=startup_s, shutdown_s=time.perf_counter() - t1,
+                  **own_cpu)
 
 
 def _app(ranks: int):
@@ -170,11 +172,14 @@ def _run_one(cfg, rec, progress, executor, *, repeat, ranks, rows_per_rank, op, 
     """Submit one task, wait for it, record it (or its error). The row, or None on error."""
     note = f"{executor} ranks={ranks} {op} rows/rank={rows_per_rank:,}"
     try:
-        future = _app(ranks)(op, rows_per_rank, iterations or cfg.iterations, cfg.unique,
-                             dump_dir=dump_dir)
-        future.result(timeout=TASK_TIMEOUT_S)
+        with owncpu.task_window() as own_cpu:
+            future = own_cpu["future"] = _app(ranks)(op, rows_per_rank,
+                                                     iterations or cfg.iterations, cfg.unique,
+                                                     dump_dir=dump_dir)
+            future.result(timeout=TASK_TIMEOUT_S)
         row = rec.write(**_task_row(cfg, executor, future, repeat=repeat, ranks=ranks,
-                                    rows_per_rank=rows_per_rank, op=op, cores=cores, **extra))
+                                    rows_per_rank=rows_per_rank, op=op, cores=cores, **extra,
+                                    **own_cpu))
     except Exception as exc:  # noqa: BLE001 - one failed task must not end the experiment
         rec.write(kind="error", experiment=cfg.name, executor=executor, stage="task", op=op,
                   ranks=ranks, rows_per_rank=rows_per_rank, repeat=repeat, error=_first_line(exc))
@@ -485,15 +490,19 @@ def _paper_cases(cfg) -> List[dict]:
 
 def run_paper(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
     """The paper's weak and strong experiments at its per-rank scale, through each runtime in
-    turn (one at a time: one runtime's ranks hold the machine's memory at once)."""
-    cases = [dict(repeat=repeat, ranks=c["ranks"], rows_per_rank=c["rows_per_rank"], op=c["op"],
-                  modes=list(c["modes"]))
-             for repeat in range(cfg.repeats) for c in _paper_cases(cfg)]
-    for executor in _executors(cfg):
-        t0 = time.perf_counter()
-        _run_cases(cfg, rec, progress, executor, cases)
-        rec.write(kind="executor_time", experiment=cfg.name, executor=executor,
-                  seconds=time.perf_counter() - t0)
+    turn (one at a time: one runtime's ranks hold the machine's memory at once), each repeat
+    through every runtime before the next (interleaved: a busy spell of the machine does not
+    land on one runtime's repeats alone), each in a fresh runtime."""
+    spent: Dict[str, float] = {}
+    for repeat in range(cfg.repeats):
+        cases = [dict(repeat=repeat, ranks=c["ranks"], rows_per_rank=c["rows_per_rank"],
+                      op=c["op"], modes=list(c["modes"])) for c in _paper_cases(cfg)]
+        for executor in _executors(cfg):
+            t0 = time.perf_counter()
+            _run_cases(cfg, rec, progress, executor, cases)
+            spent[executor] = spent.get(executor, 0.0) + time.perf_counter() - t0
+    for executor, seconds in spent.items():
+        rec.write(kind="executor_time", experiment=cfg.name, executor=executor, seconds=seconds)
 
 
 #: Runtimes whose ranks outlive a task (what one task imports, the next finds imported).

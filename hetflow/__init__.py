@@ -32,8 +32,9 @@ _LAZY = {
     "runtime": "hetflow.runtime", "available_runtimes": "hetflow.runtime",
     "task_times": "hetflow.tasks", "TaskTimes": "hetflow.tasks", "TaskState": "hetflow.tasks",
     "cancel": "hetflow.tasks", "task_state": "hetflow.tasks", "task_output": "hetflow.tasks",
+    "task_samples": "hetflow.tasks",
     "keep": "hetflow.resident", "Resident": "hetflow.resident", "TableHandle": "hetflow.tables",
-    "InvalidResourceSpec": "hetflow.executors.kernel",
+    "InvalidResourceSpec": "hetflow.executors.kernel", "DependencyFailed": "hetflow._chained",
 }
 
 __all__ = sorted(_LAZY)

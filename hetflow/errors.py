@@ -204,14 +204,26 @@ def shut_down(task_id, executor: str) -> ExecutorBroken:
     return ExecutorBroken(f"executor {executor!r} shut down before task {task_id} finished")
 
 
+#: What torch says to DDP code run with no process group (none made; ``init_process_group``
+#: reading RANK/MASTER_ADDR, which no task's environment sets), and the way out.
+_NO_PROCESS_GROUP = ("Default process group has not been initialized", "using env:// rendezvous")
+PROCESS_GROUP_HINT = ("hint: a task's ranks have no torch.distributed process group, and no "
+                      "RANK or MASTER_ADDR to make one from: wrap the training in "
+                      "`with hetflow.torch.process_group():`, which builds it on the task's "
+                      "ranks (docs/torch.md)")
+
+
 def rank_raised(task_id, executor: str, ranks: int, outcome, exception) -> TaskFailed:
     """A rank's function raised: ``outcome`` is its report, ``exception`` the original (or None)."""
-    return TaskFailed(
+    error = TaskFailed(
         f"task {task_id} ({executor}): rank {outcome.rank} of {ranks} raised "
         f"{outcome.exception_type}: {outcome.message}",
         rank=outcome.rank, host=outcome.host, exception=exception,
         exception_type=outcome.exception_type, remote_traceback=outcome.traceback,
         task_id=task_id)
+    if any(text in str(outcome.message) for text in _NO_PROCESS_GROUP):
+        error.add_note(PROCESS_GROUP_HINT)
+    return error
 
 
 def rank_lost(task_id, executor: str, ranks: int, missing, deaths, returncode=None,

@@ -90,7 +90,16 @@ def retryable(exc: BaseException) -> bool:
 
 
 def retry_cost(exc: BaseException, task_record) -> float:
-    """Parsl ``retry_handler``: retry up to the app's ``retries`` unless the error is final."""
+    """Parsl ``retry_handler``: retry up to the app's ``retries`` unless the error is final.
+
+    Parsl's error for a task whose dependency failed becomes a
+    :class:`~hetflow.DependencyFailed` here, its message ending with the root cause."""
+    from parsl.dataflow.errors import DependencyError
+
+    if isinstance(exc, DependencyError):
+        from hetflow import _chained
+
+        _chained.explain(exc, task_record)   # Parsl skips a dependency failure's retries
     spec = task_record.get("resource_specification") or {}
     allowed = (spec.get("hetflow") or {}).get("retries", 0)
     if not retryable(exc) or task_record["fail_count"] > allowed:
@@ -117,7 +126,7 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
             monitoring=None, memoizer=None, checkpoint: Optional[str] = None,
             config_options: Optional[dict] = None, output: Any = "console",
             progress: Optional[bool] = None, hang_warning_s: Optional[float] = None,
-            **executor_options) -> Iterator[Any]:
+            sample_s: Optional[float] = None, **executor_options) -> Iterator[Any]:
     """Start runtime ``name`` (``"mpirun"``, ``"parsl"``, ``"radical"``, ``"pool"``) for the block.
 
     Yields the Parsl DataFlowKernel; MPI apps called inside the block run on it.
@@ -132,7 +141,11 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
     ``"files"``: one file per task in the runtime's dir; ``"off"``; or a text stream).
     ``progress``: a bar of the block's tasks on stderr (default: when stderr is a
     terminal). ``hang_warning_s``: seconds after a task's first rank returned before a
-    warning names the ranks still running. Extra keywords go to the executor.
+    warning names the ranks still running. ``sample_s``: every rank of every task samples
+    its CPU, memory and GPU use every ``sample_s`` seconds (``hetflow.task_samples``); a
+    ``monitoring`` hub with ``resource_monitoring_enabled`` turns it on at its own
+    interval and stores the samples in its database (see
+    :mod:`hetflow.executors.monitoring`). Extra keywords go to the executor.
 
     Every process the runtime starts dies with the client, however the client
     ends (``kill -9`` included): a guardian process watches it (see
@@ -168,6 +181,12 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
         executor.output = output
         if hang_warning_s is not None:
             executor.hang_warning_s = hang_warning_s
+        if sample_s is not None:
+            if isinstance(sample_s, bool) or not isinstance(sample_s, (int, float)) \
+                    or not sample_s > 0:
+                raise ConfigError(f"sample_s must be a positive number of seconds, got "
+                                  f"{sample_s!r}")
+            executor.sample_s = float(sample_s)
         from hetflow import _progress
 
         if progress or (progress is None and _progress.enabled()):
@@ -193,12 +212,18 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
             else:
                 shutil.rmtree(base, ignore_errors=True)
         raise
+    interrupted = None
     try:
         yield dfk
+    except KeyboardInterrupt as exc:
+        interrupted = (exc, _running(dfk))
+        raise
     finally:
         try:
             dfk.cleanup()
         finally:
+            if interrupted is not None:
+                _explain_interrupt(*interrupted)
             if campaign is not None:
                 campaign.close()
             parsl.clear()
@@ -210,3 +235,27 @@ def runtime(name: str = "mpirun", *, run_dir: Optional[str] = None, keep_run_dir
                 guardian.stop()
             if owned and not keep_run_dir:
                 shutil.rmtree(base, ignore_errors=True)
+
+
+def _running(dfk) -> list:
+    """The hetflow tasks running now (their processes started), on every executor."""
+    tasks = []
+    for executor in dfk.executors.values():
+        live = getattr(executor, "live_tasks", None)
+        if live is not None:
+            tasks += [t for t in live() if t.files is not None and not t.done]
+    return tasks
+
+
+def _explain_interrupt(interrupt: BaseException, tasks: list) -> None:
+    """Ctrl-C in the block: the runtime's shutdown stopped the running ``tasks``, each with
+    the Python stacks of its ranks still running; say so under the KeyboardInterrupt (the
+    last thing printed), where a waiting ``result()`` would otherwise show only its own wait."""
+    stopped = [t for t in tasks if t.error is not None]
+    if not stopped:
+        return
+    text = (f"hetflow: interrupted while {len(stopped)} task(s) ran; the runtime shut down and "
+            f"stopped them:")
+    for task in stopped:
+        text += f"\n\n{task.error}"
+    interrupt.add_note(text)

@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from hetflow.errors import NotSupported, TaskCancelled
 
@@ -117,6 +117,19 @@ def task_output(future) -> str:
     task = _executor_task(_record(future)[1])
     files = getattr(task, "files", None)
     return files.text() if files is not None else ""
+
+
+def task_samples(future) -> Dict[int, List[dict]]:
+    """The task's resource samples so far (read every second while it runs, and at its
+    end), ``{rank: [sample, ...]}`` in time order: each a
+    dict of the rank process's CPU, memory, I/O and GPU use (fields: see
+    :mod:`hetflow.executors._ranksample`); ``{}`` where sampling is off (see
+    ``hetflow.runtime(sample_s=...)``) or the task has not started."""
+    task = _executor_task(_record(future)[1])
+    samples = getattr(task, "samples", None)
+    if samples is None:
+        return {}
+    return samples.snapshot()
 
 
 def task_state(future) -> TaskState:

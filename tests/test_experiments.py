@@ -50,8 +50,8 @@ def _tables(markdown: str):
 
 
 def _median_cell(cell: str) -> float:
-    """The median of a ``median [min–max]`` cell (commas are thousands separators)."""
-    return float(cell.split(" [")[0].replace(",", ""))
+    """The median of a ``median [min–max] (n=N) ‡`` cell (commas are thousands separators)."""
+    return float(cell.split()[0].replace(",", ""))
 
 
 def _close(a: float, b: float) -> bool:
@@ -363,5 +363,58 @@ def test_pipeline_hands_every_row_over_and_trains(tmp_path):
         assert r["train"]["losses"] == pytest.approx(curve, rel=1e-5)
     report = (tmp_path / "report.md").read_text()
     assert "## tiny_pipeline" in report and "Deep RC path (s)" in report
+    _pipeline_report_says_what_each_number_covers(report, rows)
     with open(tmp_path / "tiny_pipeline.png", "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def _pipeline_report_says_what_each_number_covers(report: str, rows) -> None:
+    from hetflow.experiments.report import fmt
+
+    # the headline is the experiment's wall clock; each runtime's share adds up to it
+    run_time = next(r["seconds"] for r in rows if r["kind"] == "run_time")
+    assert f"**Wall clock: {fmt(run_time)} s** for this experiment" in report
+    header, body = next((h, b) for _, h, b in _tables(report) if "Runs' tasks (s)" in h)
+    session = next(r for r in rows if r["kind"] == "session")
+    runs = [r for r in rows if r["kind"] == "pipeline"]
+    share = (session["startup_s"] + session["shutdown_s"] + runs[0]["warmup_s"]
+             + sum(r["makespan_s"] for r in runs))
+    assert body[0][header.index("Total (s)")] == f"**{fmt(share)}**"
+    assert share <= run_time
+    # this pipeline's own words: epochs, events, where the rows go, the Deep RC path
+    assert "3 training epoch(s)" in report and "1,000 events per rank" in report
+    assert "Protocol: each run submits three tasks" in report
+    assert "Protocol (the paper's)" not in report and "Protocol of the join" not in report
+    assert ("Feature rows: 1,000 events per rank × 2 ranks = 2,000 events over 500 users"
+            in report)
+    assert "**Deep RC path**: how Deep RC" in report
+    # a 0.02 MB table and ms of work: no speed-up quoted, the sizes said instead
+    header, body = next((h, b) for _, h, b in _tables(report) if "Speed-up" in h)
+    assert {row[header.index("Speed-up")] for row in body} == {"too small"}
+    assert "Speed-up: not quoted under 1 MB of table" in report
+
+
+def test_per_experiment_help_says_what_the_options_mean(tmp_path):
+    proc = _bench(["pipeline", "--help"], tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "pipeline: data engineering -> DDP training -> evaluation" in proc.stdout
+    assert "--iterations  training epochs of the DDP task: 8; 3" in proc.stdout
+    assert "--rows        events per rank of the features task: 20000; 2000" in proc.stdout
+    generic = _bench(["--help"], tmp_path, timeout=60).stdout
+    assert "pipeline: training" in " ".join(generic.split())
+
+
+def test_report_has_the_runtime_cpu_column(quick_run):
+    out, _ = quick_run
+    rows = load_rows(out / "results.jsonl")
+    sessions = [r for r in rows if r["kind"] == "session"]
+    runtimes = {r["executor"] for r in sessions}
+    tasks = [r for r in rows if r["kind"] == "task" and r["executor"] in runtimes
+             and "runtime_cores" in r]
+    assert sessions and all(r["idle_runtime_cores"] >= 0 for r in sessions)
+    assert tasks and all(r["runtime_cores"] >= 0 and r["task_cpu_s"] > 0 for r in tasks)
+    found = [(header, body) for _, header, body in _tables((out / "report.md").read_text())
+             if "Runtime CPU idle" in header]
+    assert found
+    executors = {row[0] for _, body in found for row in body}
+    assert executors == runtimes

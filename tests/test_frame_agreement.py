@@ -11,7 +11,7 @@ import pickle
 import pyarrow as pa
 from mpi4py import MPI
 from hetflow import frame
-from hetflow.frame import _aggregate
+from hetflow.frame import _aggregate, _engine, _localjoin, _localsort
 import mpiutil
 
 comm = MPI.COMM_WORLD
@@ -60,6 +60,25 @@ case("groupby median: aggregating fails on rank 1", _aggregate, "finish", middle
      lambda: table.groupby("k").agg({"v": "median"}).local.num_rows)
 case("groupby mean: finishing fails on every other rank", _aggregate, "finish",
      set(range(0, size, 2)), lambda: table.groupby("k").agg({"v": "mean"}).local.num_rows)
+# joins: the streamed integer-key match, the string key's match by hash, the general local
+# join (two keys), the broadcast join's local join (a right side of one row per rank)
+words = frame.from_local(comm, table.local.append_column(
+    "s", pa.array([f"w{i % 5}" for i in range(50)])))
+tiny = frame.from_local(comm, pa.table({"k": pa.array([rank], pa.int64()), "w": [1.5]}))
+case("join: matching fails on the last rank", _localjoin, "match", last,
+     lambda: table.join(table, on="k").local.num_rows)
+case("join: matching by hash fails on rank 1", _localjoin, "match_by_hash", middle,
+     lambda: words.join(words, on="s").local.num_rows)
+case("join: the local join fails on the last rank", _localjoin, "join", last,
+     lambda: table.join(table, on=["k", "v"]).local.num_rows)
+case("join: the broadcast join fails on rank 1", _localjoin, "join", middle,
+     lambda: table.join(tiny, on="k").local.num_rows)
+case("sort: the local sort fails on the last rank", _localsort, "sort_order", last,
+     lambda: table.sort("v").local.num_rows)
+case("unique: first rows fail on rank 1", _engine, "first_rows", middle,
+     lambda: table.unique("k").local.num_rows)
+case("intersect: first rows fail on the last rank", _engine, "first_rows", last,
+     lambda: table.intersect(table).local.num_rows)
 # one rank has no peer to wait for, yet raises the same type as with more
 from hetflow.frame import _agreement
 try:
@@ -72,7 +91,7 @@ except Exception as exc:
 sums = table.groupby("k").agg({"v": "sum"}).gather()
 mpiutil.report({"outcomes": outcomes,
                 "sums": None if sums is None else dict(zip(sums.column("k").to_pylist(),
-                                                           sums.column("v").to_pylist()))})
+                                                           sums.column(1).to_pylist()))})
 """
 
 
@@ -80,23 +99,32 @@ mpiutil.report({"outcomes": outcomes,
 @pytest.mark.timeout(240)
 def test_error_after_data_moved_fails_every_rank(ranks):
     reports = run_mpi(SCRIPT, ranks, timeout=150).values(ranks)
-    failing = {"groupby sum: finishing fails on the last rank": [ranks - 1],
-               "groupby median: aggregating fails on rank 1": [1],
-               "groupby mean: finishing fails on every other rank": list(range(0, ranks, 2))}
-    for label, bad in failing.items():
+    last = [ranks - 1]
+    failing = {"groupby sum: finishing fails on the last rank": ("finish", last),
+               "groupby median: aggregating fails on rank 1": ("finish", [1]),
+               "groupby mean: finishing fails on every other rank": ("finish",
+                                                                     list(range(0, ranks, 2))),
+               "join: matching fails on the last rank": ("match", last),
+               "join: matching by hash fails on rank 1": ("match_by_hash", [1]),
+               "join: the local join fails on the last rank": ("join", last),
+               "join: the broadcast join fails on rank 1": ("join", [1]),
+               "sort: the local sort fails on the last rank": ("sort_order", last),
+               "unique: first rows fail on rank 1": ("first_rows", [1]),
+               "intersect: first rows fail on the last rank": ("first_rows", last)}
+    for label, (kernel, bad) in failing.items():
         seen = [r["outcomes"][label] for r in reports]
         assert all(o["kind"] == "PartitionFailed" for o in seen), (label, seen)
         assert len({o["message"] for o in seen}) == 1, (label, seen)
         for rank, o in enumerate(seen):
             assert o["ranks"] == tuple(bad)
             assert sorted(o["errors"]) == bad
-            assert all(f"injected into finish on rank {r}" in o["errors"][r] for r in bad)
+            assert all(f"injected into {kernel} on rank {r}" in o["errors"][r] for r in bad)
             assert all("MemoryError" in o["traceback"][r] for r in bad)
             # the original is chained where it was raised
             assert o["cause"] == ("MemoryError" if rank in bad else None)
             assert o["pickled"] == "PartitionFailed"
         message = seen[0]["message"]
-        assert message.startswith("groupby: ") and f"of {ranks}" in message
+        assert message.startswith(label.split(":")[0].split()[0] + ": ") and f"of {ranks}" in message
         assert all(f"rank {r}: MemoryError" in message for r in bad)
     for r in reports:
         assert r["outcomes"]["alone"] == {

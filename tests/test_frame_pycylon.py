@@ -86,7 +86,7 @@ for how in ("semi", "anti"):
     got = frame.join(left, right, on=["k", "s"], how=how, backend="pycylon")
     exp = frame.join(left, right, on=["k", "s"], how=how, backend="cpu")
     results[f"{how} join"] = (got.backend, same_rows(got.local, exp.local))
-# what Cylon gets wrong (hetflow.frame._pycylon._CYLON_WRONG)
+# what Cylon gets wrong (hetflow.frame._cylon_rules.CYLON_WRONG)
 for how in ("left", "right", "outer"):
     got = frame.join(left, right, on="k", how=how, backend="pycylon")
     exp = frame.join(left, right, on="k", how=how, backend="cpu")
@@ -108,7 +108,7 @@ results["unique -0.0"] = (got.backend, same_rows(got.local, exp.local))
 got = frame.shuffle(left, "k", backend="pycylon")
 exp = frame.shuffle(left, "k", backend="cpu")
 results["shuffle"] = (got.backend, None if got.local.equals(exp.local) else "partitions differ")
-# the aggregations pycylon does not run (hetflow.frame._pycylon._NO_CYLON_AGG)
+# the aggregations pycylon does not run (hetflow.frame._cylon_rules.NO_CYLON_AGG)
 for f in NEW_AGGS:
     name = f if isinstance(f, str) else f.name
     got = clean.groupby("k").agg({"v": ["sum", f]}, backend="pycylon")
@@ -372,7 +372,7 @@ CASES = 12 + 2 + 1 + 2 + 1 + 1 + 1 + len(AGG_NAMES) + 2 + 1
 
 
 def routed_to_cpu(ranks):
-    """PARITY's cases pycylon gets wrong (hetflow.frame._pycylon._CYLON_WRONG) or does not
+    """PARITY's cases pycylon gets wrong (hetflow.frame._cylon_rules.CYLON_WRONG) or does not
     run: left, right and outer joins; the aggregations pycylon's group-by has not (or not with
     their parameters); a join of a table with a dictionary column (no pycylon Table holds it);
     on more than one rank, string keys (joins on k+s, group-by on k+s, unique), a join or

@@ -155,7 +155,7 @@ def test_backfill_is_bounded_so_big_tasks_do_not_starve():
         assert hetflow.task_times(small_1).finished < hetflow.task_times(a).finished
 
 
-def test_crashed_rank_is_replaced_while_another_task_keeps_running():
+def test_crashed_rank_is_replaced_while_another_task_keeps_running(caplog):
     with tempfile.TemporaryDirectory() as tmp, pool() as executor:
         started, release = os.path.join(tmp, "s"), os.path.join(tmp, "r")
         survivor = hold.options(ranks=1)(started, release, value="kept running")
@@ -165,6 +165,8 @@ def test_crashed_rank_is_replaced_while_another_task_keeps_running():
         assert info.value.rank == 1
         assert "os._exit(3)" in str(info.value) and "replaces" in str(info.value)
         assert any("replacement world" in e for e in executor.events)
+        said = [r.getMessage() for r in caplog.records if "replacement world" in r.getMessage()]
+        assert said and all(m.startswith("pool: ") for m in said), said   # not "pool pool:"
         assert hetflow.task_state(survivor) == "EXECUTING"
         open(release, "w").close()
         assert survivor.result(timeout=30)[0][3] == "kept running"

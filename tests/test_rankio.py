@@ -118,3 +118,39 @@ def test_a_stack_shows_the_task_thread_first_without_the_runtime_threads():
                        "Thread 0x03 (most recent call first):"]
     assert "num_rows" in text and "helper_loop" in text
     assert "_control_loop" not in text and "garbage.py" not in text and "run_on_rank" not in text
+
+
+def test_the_follower_reads_nothing_of_a_task_whose_files_have_not_grown(tmp_path):
+    # The follower visits each running task every POLL_S: a visit to a task whose files are
+    # as they were costs a stat of its dir, no read (counted, not timed).
+    import io
+    import threading
+    import types
+
+    task = types.SimpleNamespace(id=7, resources=types.SimpleNamespace(ranks=2), done=False,
+                                 times=types.SimpleNamespace(returned={}, launched=0.0))
+    stream = io.StringIO()
+    files = rankio.TaskFiles(task, "t", (str(tmp_path),), stream, str(tmp_path),
+                             threading.Lock())
+    reads = []
+    poll = files.poll
+    files.poll = lambda final=False: (reads.append(final), poll(final))
+
+    def settled():              # the dir's mtime well in the past: not "too recent to tell"
+        os.utime(tmp_path, ns=(1, 1))
+
+    (tmp_path / _rankio.out_name(0)).write_text("a\n")
+    settled()
+    files.follow(30.0)
+    assert len(reads) == 1 and stream.getvalue() == "[task 7 rank 0] a\n"
+    for _ in range(5):
+        files.follow(30.0)
+    assert len(reads) == 1                          # nothing grew: nothing read
+    with open(tmp_path / _rankio.out_name(0), "a") as fh:
+        fh.write("b\n")                             # the file grew, the dir did not change
+    files.follow(30.0)
+    assert len(reads) == 2 and stream.getvalue().endswith("[task 7 rank 0] b\n")
+    (tmp_path / _rankio.returned_name(1)).write_text("")
+    files.follow(30.0)
+    assert list(task.times.returned) == [1] and len(reads) == 3
+    files.close(success=True)

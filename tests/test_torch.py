@@ -79,6 +79,21 @@ def test_nulls_raise_naming_the_column_unless_filled():
         ht.batches(table, ["nope"], batch_size=2)
 
 
+def test_a_column_no_tensor_holds_is_named_with_its_arrow_type():
+    table = DistributedTable(MPI.COMM_SELF, pa.table({
+        "x": [1.0, 2.0], "city": ["paris", "rome"], "ok": [True, False],
+        "code": pa.array(["a", "b"]).dictionary_encode(), "y": [1, 2]}))
+    for features, label, kind in ((["x", "city"], "y", "string"),
+                                  ("code", None, "dictionary<values=string, indices=int32"),
+                                  (["x"], "city", "string")):
+        name = "code" if kind.startswith("dictionary") else "city"
+        with pytest.raises(hetflow.InputError) as caught:
+            ht.batches(table, features, label)
+        assert f"batches: column {name!r} has Arrow type {kind}" in str(caught.value)
+    data = ht.batches(table, ["x", "ok"], "y", shuffle=False)   # booleans are fine
+    assert next(iter(data))[0].tolist() == [[1.0, 1.0], [2.0, 0.0]]
+
+
 def test_shuffle_is_seeded_per_epoch():
     table = _table(x=np.arange(64, dtype=np.int64))
     data = ht.batches(table, "x", batch_size=16, seed=5)

@@ -101,7 +101,8 @@ class Broker:
     def event(self, text: str) -> None:
         """Note what the pool did about a fault (``PoolExecutor.events``, and the log)."""
         self.pool.events.append(text)
-        logger.warning("pool %s: %s", self.pool.label, text)
+        label = self.pool.label
+        logger.warning("%s: %s", "pool" if label == "pool" else f"pool {label!r}", text)
 
     # ------------------------------------------------------------------ the loop
     def send(self, identity: bytes, frames, copy: bool = True) -> bool:
@@ -209,9 +210,11 @@ class Broker:
         """An unsigned (or wrongly signed) message: dropped unread, counted, logged once."""
         self.rejected += 1
         if self.rejected == 1:
-            logger.warning("pool %s: dropped a message that was not signed with the runtime's "
+            label = self.pool.label
+            logger.warning("%s: dropped a message that was not signed with the runtime's "
                            "key (peer identity %r); later ones are only counted in "
-                           "executor.rejected", self.pool.label, identity[:40])
+                           "executor.rejected", "pool" if label == "pool" else f"pool {label!r}",
+                           identity[:40])
 
     def _malformed(self, identity: bytes, kind: bytes, exc: Exception) -> None:
         """A rank signed a message it should not have sent: the rank is broken. Its task

@@ -109,6 +109,7 @@ class PoolExecutor(Executor):
     """
 
     unsupported: Dict[str, str] = {}
+    dispatch_on_release = True          # the broker starts what fits on the slots it frees
 
     def __init__(self, label: str = "pool", *, max_ranks: Optional[int] = None,
                  hostfile: Optional[str] = None, launcher: Optional[Sequence[str]] = None,

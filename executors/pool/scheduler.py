@@ -13,12 +13,56 @@ GPUs: a pool rank binds its devices once, at start (CUDA reads ``CUDA_VISIBLE_DE
 once per process), each rank of a node its own block. So devices are scheduled as the
 slots holding them: a GPU task runs only on GPU slots (disjoint by construction), and a
 CPU task takes CPU slots first, GPU slots only when no CPU slots suffice.
+
+Cost: free slots are kept per world and node (a heap by world rank for CPU slots, one for
+GPU slots), with counts per world, updated as slots are taken and given back; a placement
+looks at the worlds and their nodes, never at every slot, and never at the queue.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+import heapq
+from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 from hetflow.executors.scheduler import SlotScheduler
+
+#: The slots a task may take: GPU slots only, CPU slots only, or any.
+GPU, CPU, ANY = "gpu", "cpu", "any"
+
+
+class _FreeRanks:
+    """One node's free slots of one kind, lowest world rank first (a heap; a slot taken out
+    of turn stays in it, skipped, until it reaches the top)."""
+
+    __slots__ = ("heap", "members")
+
+    def __init__(self):
+        self.heap: List[Tuple[int, int]] = []
+        self.members: set = set()
+
+    def add(self, wrank: int, slot: int) -> None:
+        if slot not in self.members:
+            self.members.add(slot)
+            heapq.heappush(self.heap, (wrank, slot))
+            if len(self.heap) > 2 * len(self.members) + 16:     # skipped ones: compact
+                self.heap = [e for e in set(self.heap) if e[1] in self.members]
+                heapq.heapify(self.heap)
+
+    def discard(self, slot: int) -> None:
+        self.members.discard(slot)
+
+    def top(self) -> Optional[Tuple[int, int]]:
+        while self.heap and self.heap[0][1] not in self.members:
+            heapq.heappop(self.heap)
+        return self.heap[0] if self.heap else None
+
+    def pop(self) -> Tuple[int, int]:
+        entry = self.top()
+        heapq.heappop(self.heap)
+        self.members.discard(entry[1])
+        return entry
+
+    def __len__(self) -> int:
+        return len(self.members)
 
 
 class PoolScheduler(SlotScheduler):
@@ -33,82 +77,152 @@ class PoolScheduler(SlotScheduler):
                  gpus_of: Callable[[object], int] = lambda item: 0):
         super().__init__(0, max_bypass=max_bypass)
         self.gpus_of = gpus_of
+        self.pinned_of = pinned_of
         #: slots whose rank holds GPUs (bound at its start)
         self.gpu_slots: set = set()
         self.world_of: Dict[int, int] = {}
         #: slot -> (node, world rank): where its rank runs
         self.where: Dict[int, Tuple[str, int]] = {}
-        self.pinned_of = pinned_of
+        self._free_set: set = set()
+        #: world -> node -> {GPU: _FreeRanks, CPU: _FreeRanks}
+        self._nodes: Dict[int, Dict[str, Dict[str, _FreeRanks]]] = {}
+        #: world -> node -> the lowest world rank on it (the order a multi-node task packs)
+        self._lowest: Dict[int, Dict[str, int]] = {}
+        self._sizes: Dict[int, List[int]] = {}      # world -> [slots, GPU slots]
+        self._free_count: Dict[int, Dict[str, int]] = {}  # world -> {GPU: n, CPU: n}
+        #: Free slots placement may use, by kind (a retiring world's held slots are not).
+        self.free_total = {GPU: 0, CPU: 0}
 
     # slots come and go with worlds (start, loss, replacement)
     def add_slot(self, slot: int, world: int, node: str = "", wrank: Optional[int] = None,
                  gpu: bool = False) -> None:
+        wrank = slot if wrank is None else wrank
         self.world_of[slot] = world
         if gpu:
             self.gpu_slots.add(slot)
-        self.where[slot] = (node, slot if wrank is None else wrank)
+        self.where[slot] = (node, wrank)
         self.capacity += 1
+        nodes = self._nodes.setdefault(world, {})
+        nodes.setdefault(node, {GPU: _FreeRanks(), CPU: _FreeRanks()})
+        lowest = self._lowest.setdefault(world, {})
+        lowest[node] = min(lowest.get(node, wrank), wrank)
+        size = self._sizes.setdefault(world, [0, 0])
+        size[0] += 1
+        size[1] += gpu
+        self._free_count.setdefault(world, {GPU: 0, CPU: 0})
 
     def remove_slot(self, slot: int) -> None:
-        if slot in self.world_of:
-            del self.world_of[slot]
-            del self.where[slot]
-            self.gpu_slots.discard(slot)
-            self.capacity -= 1
-        if slot in self.free:
-            self.free.remove(slot)
+        if slot not in self.world_of:
+            return
+        self.hold([slot])
+        world, (node, wrank) = self.world_of.pop(slot), self.where.pop(slot)
+        size = self._sizes[world]
+        size[0] -= 1
+        size[1] -= slot in self.gpu_slots
+        self.gpu_slots.discard(slot)
+        self.capacity -= 1
+        if not size[0]:
+            for table in (self._nodes, self._lowest, self._sizes, self._free_count):
+                del table[world]
+        elif self._lowest[world][node] == wrank:    # rare: recount that node
+            ranks = [w for s, (n, w) in self.where.items()
+                     if n == node and self.world_of[s] == world]
+            if ranks:
+                self._lowest[world][node] = min(ranks)
+            else:
+                del self._lowest[world][node], self._nodes[world][node]
+
+    def _kind(self, slot: int) -> str:
+        return GPU if slot in self.gpu_slots else CPU
 
     def hold(self, slots: Iterable[int]) -> None:
-        """Take ``slots`` out of the free list without giving them to a task (a retiring world)."""
-        held = set(slots)
-        self.free = [s for s in self.free if s not in held]
+        """Take ``slots`` out of the free slots without giving them to a task (a retiring
+        world, or a task's)."""
+        for slot in slots:
+            if slot in self._free_set:
+                self._free_set.discard(slot)
+                world, kind = self.world_of[slot], self._kind(slot)
+                self._nodes[world][self.where[slot][0]][kind].discard(slot)
+                self._free_count[world][kind] -= 1
+                self.free_total[kind] -= 1
+
+    def release(self, slots: Iterable[int]) -> None:
+        for slot in slots:
+            if slot in self.world_of and slot not in self._free_set:
+                self._free_set.add(slot)
+                world, kind, (node, wrank) = self.world_of[slot], self._kind(slot), self.where[slot]
+                self._nodes[world][node][kind].add(wrank, slot)
+                self._free_count[world][kind] += 1
+                self.free_total[kind] += 1
+
+    @property
+    def free(self) -> List[int]:
+        return sorted(self._free_set)
+
+    @free.setter
+    def free(self, slots) -> None:
+        self.hold(list(self._free_set))
+        self.release(slots)
 
     def world_sizes(self, gpu: bool = False) -> Dict[int, int]:
         """Slots per world (busy or free); ``gpu``: its GPU slots only."""
-        sizes: Dict[int, int] = {}
-        for slot, world in self.world_of.items():
-            if not gpu or slot in self.gpu_slots:
-                sizes[world] = sizes.get(world, 0) + 1
-        return sizes
+        return {world: size[gpu] for world, size in self._sizes.items() if size[gpu]}
 
-    def place(self, need: int, pinned: Optional[Sequence[int]] = None,
-              among: Optional[Sequence[int]] = None) -> Optional[List[int]]:
-        """Free slots for a task of ``need`` ranks within one world (of ``among``, default all
-        free slots), or None."""
+    # ------------------------------------------------------------------ placement
+    def need_key(self, item, slots: int, gpus: int) -> Hashable:
+        pinned = self.pinned_of(item)
+        return slots, bool(self.gpus_of(item)), None if pinned is None else tuple(pinned)
+
+    def may_fit(self, item, need: int, gpus: int) -> bool:
+        free = self.free_total[GPU] if self.gpus_of(item) else len(self._free_set)
+        return need <= free
+
+    def _count(self, world: int, kind: str) -> int:
+        free = self._free_count[world]
+        return free[GPU] + free[CPU] if kind == ANY else free[kind]
+
+    @staticmethod
+    def _heaps(node: Dict[str, _FreeRanks], kind: str) -> List[_FreeRanks]:
+        return [node[GPU], node[CPU]] if kind == ANY else [node[kind]]
+
+    def _place(self, need: int, pinned: Optional[Sequence[int]], kind: str) -> Optional[List[int]]:
+        """Free slots of ``kind`` for a task of ``need`` ranks within one world, or None; they
+        leave their nodes' heaps here, and :meth:`take` holds them."""
         if pinned is not None:
-            return list(pinned) if all(s in self.free for s in pinned) else None
-        by_world: Dict[int, List[int]] = {}
-        for slot in self.free if among is None else among:
-            by_world.setdefault(self.world_of[slot], []).append(slot)
+            return list(pinned) if all(s in self._free_set for s in pinned) else None
         fits = []
-        for world, free in by_world.items():
-            if len(free) >= need:
-                on_one = self._on_one_node(free, need)
-                fits.append((on_one is None, len(free), world, on_one))
+        for world in self._nodes:
+            free = self._count(world, kind)
+            if free >= need:
+                node = self._on_one_node(world, need, kind)
+                fits.append((node is None, free, world, node))
         if not fits:
             return None
-        _, _, world, on_one = min(fits, key=lambda fit: fit[:3])
-        if on_one is None:      # nodes in order (by their lowest world rank), packed
-            order = {}
-            for slot in sorted(self.world_of, key=lambda s: self.where[s][1]):
-                if self.world_of[slot] == world:
-                    order.setdefault(self.where[slot][0], len(order))
-            free = sorted(by_world[world], key=lambda s: (order[self.where[s][0]],
-                                                          self.where[s][1]))
-            on_one = free[:need]
-        return sorted(on_one, key=lambda s: self.where[s][1])
+        _, _, world, node = min(fits, key=lambda fit: fit[:3])
+        nodes = self._nodes[world]
+        if node is not None:
+            order = [node]
+        else:                   # nodes in order (by their lowest world rank), packed
+            order = sorted(nodes, key=self._lowest[world].__getitem__)
+        slots: List[int] = []
+        for name in order:
+            heaps = self._heaps(nodes[name], kind)
+            while len(slots) < need and any(heaps):
+                best = min((h for h in heaps if h), key=lambda h: h.top())
+                slots.append(best.pop()[1])
+            if len(slots) == need:
+                break
+        return sorted(slots, key=lambda s: self.where[s][1])
 
-    def _on_one_node(self, free: List[int], need: int) -> Optional[List[int]]:
-        """``need`` free slots on one node (the one with the fewest that suffice), or None."""
-        by_node: Dict[str, List[int]] = {}
-        for slot in free:
-            by_node.setdefault(self.where[slot][0], []).append(slot)
-        fits = [(len(slots), min(self.where[s][1] for s in slots), node)
-                for node, slots in by_node.items() if len(slots) >= need]
-        if not fits:
-            return None
-        node = min(fits)[2]
-        return sorted(by_node[node], key=lambda s: self.where[s][1])[:need]
+    def _on_one_node(self, world: int, need: int, kind: str) -> Optional[str]:
+        """The node of ``world`` with the fewest free ``kind`` slots that suffice, or None."""
+        fits = []
+        for name, node in self._nodes[world].items():
+            heaps = [h for h in self._heaps(node, kind) if h]
+            free = sum(len(h) for h in heaps)
+            if free >= need:
+                fits.append((free, min(h.top()[0] for h in heaps), name))
+        return min(fits)[2] if fits else None
 
     def take_devices(self, item, gpus: int) -> Optional[list]:
         return []           # the pool's devices are its slots' (see take)
@@ -116,14 +230,10 @@ class PoolScheduler(SlotScheduler):
     def take(self, item, need: int) -> Optional[List[int]]:
         pinned = self.pinned_of(item)
         if self.gpus_of(item):
-            slots = self.place(need, pinned, [s for s in self.free if s in self.gpu_slots])
+            slots = self._place(need, pinned, GPU)
         else:
-            cpu = [s for s in self.free if s not in self.gpu_slots]
-            slots = self.place(need, pinned, cpu) if len(cpu) >= need else None
-            slots = slots or self.place(need, pinned)
+            slots = self._place(need, pinned, CPU) if self.free_total[CPU] >= need else None
+            slots = slots or self._place(need, pinned, ANY)
         if slots is not None:
             self.hold(slots)
         return slots
-
-    def release(self, slots: Iterable[int]) -> None:
-        self.free = sorted(set(self.free) | {s for s in slots if s in self.world_of})

@@ -172,6 +172,8 @@ def main(argv=None) -> int:
             if cache:
                 comms[ranks, generation] = comm
         os.environ["OMP_NUM_THREADS"] = str(cores_per_rank)
+        # read by polars when first imported: a worker keeps its first task's pool size
+        os.environ.setdefault("POLARS_MAX_THREADS", str(cores_per_rank))
         resident._enter_task(task_id, slots, slots[ranks.index(rank)], comm)
         try:
             outcome = run_on_rank(frames[2], comm)

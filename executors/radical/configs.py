@@ -12,6 +12,7 @@ import time
 from importlib import resources as importlib_resources
 from typing import Optional
 
+from hetflow.executors.radical import lowprio
 from hetflow.executors import allocation as batch
 
 #: Resource label of hetflow's own config for this machine (resource_hetflow.json).
@@ -44,11 +45,18 @@ class Descriptions:
         return description
 
 
-def master_description() -> dict:
+def master_description(yield_cpu: bool = True) -> dict:
     """RP's RAPTOR master, with hetflow's fix for a lost queue announcement
     (``executors/radical/raptor_master.py``)."""
     return {"raptor_class": "Master",
-            "raptor_file": os.path.join(RAPTOR_DIR, "raptor_master.py")}
+            "raptor_file": os.path.join(RAPTOR_DIR, "raptor_master.py"),
+            "environment": yield_cpu_env(yield_cpu)}
+
+
+def yield_cpu_env(yield_cpu: bool) -> dict:
+    """What tells the RAPTOR master and worker to run their own threads at the lowest
+    CPU priority (``executors/radical/priority.py``)."""
+    return {lowprio.ENV: "1" if yield_cpu else "0"}
 
 
 def local_resource_config(cores: int, allocation: Optional[batch.Allocation] = None) -> dict:

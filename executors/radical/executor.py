@@ -27,6 +27,8 @@ from hetflow.executors._forensics import kill_launch_of
 from hetflow.executors.kernel import Executor, Task
 from hetflow.executors.launch import hydra_deaths
 from hetflow.executors.providers import Provider, ThisMachine, provider_for
+from hetflow.executors.radical.hygiene import session_processes
+from hetflow.executors.radical import priority
 from hetflow.executors.radical.configs import LOCAL_RESOURCE, SLURM_RESOURCE, Descriptions
 from hetflow.executors.radical.pilot import FINAL, Pilot, text
 from hetflow.executors.radical.worker import RaptorWorker, worker_lost
@@ -66,6 +68,10 @@ def task_verdict(*, worker_lost: bool, rank_failed: bool, failed_seen: Optional[
 class RadicalExecutor(Executor):
     """A Parsl executor running hetflow MPI apps inside one RADICAL-Pilot pilot.
 
+    A task's ``walltime`` counts from its function's start on its first rank (its pid
+    file), not from its submission to RP: RP's dispatch and a fresh ``mpiexec`` take
+    seconds on a loaded node (see docs/api.md).
+
     resource / config_dir: the RP resource label and a folder of ``resource_*.json``
     files (e.g. a Slurm site); default: hetflow's config for where ``provider`` says.
     pilot: extra ``PilotDescription`` fields (``runtime``, ``queue``, ``project``, ...).
@@ -82,7 +88,13 @@ class RadicalExecutor(Executor):
     and ``startup_timeout`` includes the job's queue wait.
     descriptions: a :class:`~hetflow.executors.radical.configs.Descriptions` that may
     change the RP descriptions of the pilot, master and workers.
+    yield_cpu: RP's own processes (bridges, components, agent, RAPTOR master, the worker's
+    queue threads) run at the lowest CPU priority, so that the ranks never wait for them
+    (:mod:`~hetflow.executors.radical.priority`); False leaves them as RP starts them.
     """
+
+    #: The kernel is told when a task's first rank started (:meth:`_await_launch`).
+    reports_launch = True
 
     def __init__(self, label: str = "radical", *, max_ranks: Optional[int] = None,
                  resource: Optional[str] = None, config_dir: Optional[str] = None,
@@ -90,7 +102,7 @@ class RadicalExecutor(Executor):
                  keep_sandbox: bool = False, mode: str = "auto",
                  startup_timeout: float = 300.0, gpus=None,
                  slurm: Optional[dict] = None, provider: Optional[Provider] = None,
-                 descriptions: Optional[Descriptions] = None):
+                 descriptions: Optional[Descriptions] = None, yield_cpu: bool = True):
         if (slurm is not None or provider is not None) and (resource is not None
                                                              or config_dir is not None):
             raise ConfigError("give slurm=/provider= (hetflow's resource configs) or "
@@ -126,7 +138,7 @@ class RadicalExecutor(Executor):
         self.pilot = Pilot(provider=provider, resource=self.resource, config_dir=config_dir,
                            options=dict(pilot or {}), startup_timeout=startup_timeout,
                            max_ranks=self.max_ranks, descriptions=descriptions,
-                           restarts=self.restarts)
+                           restarts=self.restarts, yield_cpu=yield_cpu)
         self.worker = RaptorWorker(
             self.pilot, ranks=self.max_ranks, start_s=startup_timeout,
             ranks_per_node=provider.ranks_per_node(self.max_ranks),
@@ -135,6 +147,7 @@ class RadicalExecutor(Executor):
         self._running: Dict[str, Task] = {}         # RP uid -> task, under _running_lock
         self._running_lock = threading.RLock()
         self._watchdog: Optional[threading.Thread] = None
+        self._yielder: Optional[priority.Yielder] = None
 
     # ------------------------------------------------------------------ what users read
     @property
@@ -172,12 +185,18 @@ class RadicalExecutor(Executor):
         base = os.path.abspath(self.sandbox_dir or self.run_root)
         raptor = self.mode != "exec"
         self.pilot.open(base, self._state_cb, self.worker if raptor else None)
+        if self.pilot.yield_cpu:
+            self._yielder = priority.Yielder(busy=lambda: bool(self._running),
+                                             processes=lambda: session_processes(base))
+            self._yielder.start()
         if raptor:
             self._watchdog = threading.Thread(target=self._watch_raptor, daemon=True,
                                               name=f"{self.label}-raptor-watch")
             self._watchdog.start()
 
     def _stop_runtime(self) -> None:
+        if self._yielder is not None:
+            self._yielder.stop()
         if self._watchdog is not None:
             self._watchdog.join(timeout=10)
         self.pilot.close(self.worker if self.mode != "exec" else None)
@@ -222,6 +241,25 @@ class RadicalExecutor(Executor):
             raise LaunchError(f"could not submit task {task.id} to RADICAL-Pilot: {exc}") from exc
         if task.error is not None:          # stopped while it was being submitted
             self._stop(task, task.error)
+        elif task.times.launched != task.times.launched:     # NaN: not yet (not a re-run)
+            self._await_launch(task)
+
+    def _await_launch(self, task: Task) -> None:
+        """Tell the kernel when the task's first rank started its function (the mtime of
+        its pid file), so that its walltime counts from there."""
+        if task.done or task.error is not None or task.times.launched == task.times.launched:
+            return                   # (launched is NaN until stamped)
+        taskdir = task.handle.taskdir
+        started = []
+        for rank in taskdir.pids():
+            try:
+                started.append(os.path.getmtime(taskdir.file(f"pid-{rank}")))
+            except OSError:
+                continue
+        if started:
+            self.launched(task, at=min(started))
+        else:
+            self.call_later(POLL_S, lambda: self._await_launch(task))
 
     def _stop(self, task: Task, error: Optional[BaseException]) -> None:
         """A RAPTOR task takes its worker down (see :meth:`_recycle`); an executable

@@ -26,7 +26,7 @@ from hetflow.executors.radical.hygiene import (client_children, end_leftovers, i
                                            rp_zmq_objects, session_processes, set_environment,
                                            started_during)
 from hetflow.executors.launch import with_malloc_thp
-from hetflow.executors.radical import configs
+from hetflow.executors.radical import configs, priority
 from hetflow.executors.radical.configs import LOCAL_RESOURCE, SLURM_RESOURCE, Descriptions
 from hetflow.executors.taskdir import TaskDir, private_dir
 from hetflow.spec import Resources
@@ -84,7 +84,7 @@ class Pilot:
 
     def __init__(self, *, provider, resource: str, config_dir: Optional[str], options: dict,
                  startup_timeout: float, max_ranks: int, descriptions: Descriptions,
-                 restarts: List[str]):
+                 restarts: List[str], yield_cpu: bool = True):
         self.provider = provider
         self.resource = resource
         self.config_dir = config_dir
@@ -93,6 +93,8 @@ class Pilot:
         self.max_ranks = max_ranks
         self.descriptions = descriptions
         self.restarts = restarts
+        #: RP's own processes run at the lowest CPU priority (see .priority).
+        self.yield_cpu = yield_cpu
         #: Seconds each start-up / close phase took (session, pilot, raptor, close).
         self.timings: Dict[str, float] = {}
         self.rank_env: Dict[str, str] = {}      # environment RP tasks (the ranks) get
@@ -165,9 +167,12 @@ class Pilot:
                # agent's '<TMPDIR>/rp.session.*'): its processes get a TMPDIR inside the
                # sandbox, removed with it; the ranks get the client's back (rank_env).
                "TMPDIR": tmp,
-               # RP starts its bridges by command name: the venv's bin must be on PATH.
-               "PATH": os.pathsep.join([os.path.dirname(sys.executable),
-                                        os.environ.get("PATH", "")]),
+               # RP starts its bridges by command name: the venv's bin must be on PATH
+               # (after hetflow's starters of them at the lowest priority, see .priority).
+               "PATH": os.pathsep.join(
+                   ([priority.write_shims(os.path.join(self.base, "bin"))]
+                    if self.yield_cpu else [])
+                   + [os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
                **self.provider.rp_environment()}
         os.makedirs(tmp, exist_ok=True)
         # The client's own temp dir is fixed before TMPDIR changes (tempfile caches it).
@@ -230,11 +235,13 @@ class Pilot:
         # RP's bootstrap chmods its scripts 0755 (all else it makes is owner-only: it runs
         # with the runtime's umask 077, see hetflow._private): hetflow keeps them private.
         tighten(self.sandbox)
+        if self.yield_cpu and self.resource == LOCAL_RESOURCE:
+            priority.lower_agent(session_processes(self.sandbox))
         self.timings["pilot_s"] = time.time() - t0
         if worker is not None:
             t0 = time.time()
             self.raptor = pilot.submit_raptors(rp.TaskDescription(self.descriptions.master(
-                {"mode": rp.RAPTOR_MASTER, **configs.master_description()})))[0]
+                {"mode": rp.RAPTOR_MASTER, **configs.master_description(self.yield_cpu)})))[0]
             worker.start()
             self._probe(worker)
             self.timings["raptor_s"] = time.time() - t0

@@ -12,13 +12,19 @@ and relays the tasks it holds), so announcing again is safe; it stops with the f
 which hetflow's probe sends at once.
 
 RP loads this file by path in the pilot (the master task's ``raptor_file``, this file in
-hetflow's install): it imports nothing from hetflow. Every announcement goes through
-:meth:`Master.announce` (the tests' master loses some there).
+hetflow's install): it imports only ``hetflow.executors.radical.lowprio`` from hetflow (standard
+library only). Every announcement goes through :meth:`Master.announce` (the tests' master
+loses some there).
+
+Its threads poll RP's queues; asked to (``$HETFLOW_YIELD_CPU``), it runs them at nice 19 within
+its session, whose group the client lowers while a task runs (``executors/radical/priority.py``).
 """
 import threading
 
 import radical.pilot as rp
 import radical.utils as ru
+
+from hetflow.executors.radical import lowprio as _lowprio
 
 #: Seconds between announcements, and how long to keep announcing without a task.
 REPEAT_S, GIVE_UP_S = 2.0, 600.0
@@ -29,6 +35,8 @@ class Master(rp.raptor.Master):
 
     def __init__(self, *args, **kwargs):
         self._served = threading.Event()
+        if _lowprio.wanted():      # first: the threads RP starts below inherit it
+            _lowprio.lower_threads()
         super().__init__(*args, **kwargs)
 
     def publish(self, pubsub, msg, topic=None):

@@ -23,14 +23,21 @@ cores). Here that broadcast first waits for every rank in a non-blocking barrier
 Once up (every rank started, registered with the master), rank 0 creates the file named by
 ``$HETFLOW_RAPTOR_READY``: hetflow replaces a worker that does not come up
 (``radical.worker.RaptorWorker.check``).
+
+Its ranks' own threads (rank 0's queues, task puller and result pusher, which poll every
+1-100 ms) run, when asked to (``$HETFLOW_YIELD_CPU``, see ``executors/radical/priority.py``),
+at the lowest CPU priority: only the thread that runs the tasks (and the threads a task
+starts) keeps the rank's own, so the task never waits for them.
 """
 import os
+import threading
 import time
 
 import radical.pilot as rp
 from mpi4py import MPI
 
 from hetflow.executors._mpishm import unlink_mapped_mpi_shm
+from hetflow.executors.radical import lowprio as _lowprio
 
 #: Seconds between the polls of a rank waiting for its peers at the worker's start.
 _POLL_S = 0.01
@@ -61,3 +68,8 @@ class MPIWorker(rp.raptor.MPIWorker):
         ready = os.environ.get("HETFLOW_RAPTOR_READY")
         if ready and world.Get_rank() == 0:
             os.close(os.open(ready, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+    def start(self):
+        super().start()
+        if _lowprio.wanted():
+            _lowprio.lower_threads(keep=[threading.get_native_id(), self._work_thread.native_id])

@@ -24,6 +24,7 @@ from hetflow.executors._forensics import (ended, kill_processes, kill_tree, laun
                                           launcher_of)
 from hetflow.executors.radical.hygiene import import_rp, session_processes
 from hetflow.executors.launch import hydra_deaths, tail
+from hetflow.executors.radical import configs
 from hetflow.executors.radical.configs import RAPTOR_DIR, Descriptions
 from hetflow.executors.taskdir import Deaths, TaskDir
 
@@ -109,7 +110,8 @@ class RaptorWorker:
             "mode": rp.RAPTOR_WORKER, "ranks": self.ranks, "raptor_class": "MPIWorker",
             # hetflow's (RP's, which unlinks its MPICH segments' names once up)
             "raptor_file": os.path.join(RAPTOR_DIR, "raptor_worker.py"),
-            "environment": {**self.pilot.rank_env, "HETFLOW_RAPTOR_READY": self._ready},
+            "environment": {**self.pilot.rank_env, "HETFLOW_RAPTOR_READY": self._ready,
+                            **configs.yield_cpu_env(self.pilot.yield_cpu)},
             "pre_exec": [],
             # A rank killed from outside leaves no evidence of its own; RP's launch script
             # has its status ($RP_RET, after `wait` on $RP_RANK_PID, the rank's pid).

@@ -1,21 +1,25 @@
-"""Group-by aggregation kernels: which aggregations there are, what each keeps per group on
-a rank (:func:`local`), how those partial results merge exactly (:func:`combine`) and how a
-result is read from them (:func:`finish`). How they distribute: :mod:`hetflow.frame._groupby`.
+"""Group-by aggregations: which there are (:class:`Agg`, :func:`plan`), what each keeps per
+group on a rank (:func:`part_names`), and the kernels that compute those partial rows, merge
+them and read results from them, on the compiled engine (:mod:`hetflow.frame._engine`). How
+they distribute: :mod:`hetflow.frame._groupby`.
 
-Groups are numbered by :func:`group_ids` (dense, in order of first appearance), and every
-kernel works on those numbers; the group keys are the rows where each group first appears.
+Each kernel is one polars ``group_by(keys).agg(...)`` over the rank's Arrow columns. The key
+columns are read back from the rows where each group first appears (Arrow's ``take`` of the
+rank's own columns: a key keeps its Arrow type, a dictionary stays one), as are ``first`` and
+``last``; sums are taken at 64 bits (int64, uint64, float64: Arrow's types), and a sum, min or
+max of a group with no non-null value is null (SQL's rule, not polars').
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import ConfigError, InputError
-from hetflow.frame import _arrays, _groupcodes
+from hetflow.frame import _arrays, _engine
 
 #: Aggregations whose per-rank results do not combine exactly: their values are shuffled.
 HOLISTIC = frozenset({"median", "quantile", "nunique"})
@@ -63,7 +67,7 @@ class Agg:
 
     @property
     def label(self) -> str:
-        """The suffix of its result column when a column has several aggregations."""
+        """The suffix of its result column: ``<column>_<label>``."""
         if self.name == "quantile":
             extra = "" if self.interpolation in (None, "nearest") else f"_{self.interpolation}"
             return f"quantile_{self.q:g}{extra}"
@@ -115,7 +119,7 @@ def plan(spec) -> List[Planned]:
                                   f"{f!r} for column {col!r}")
             parsed.append((agg, f))
         for agg, source in parsed:
-            name = col if len(parsed) == 1 else f"{col}_{agg.label}"
+            name = f"{col}_{agg.label}"     # always: predictable from the call alone
             out.append(Planned(col, _with_defaults(agg), name, source))
     names = [p.out for p in out]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -192,284 +196,8 @@ def holistic(planned: Sequence[Planned]) -> bool:
     return any(p.name in HOLISTIC for p in planned)
 
 
-#: Aggregations computed, partials and merge both, by the dense-code kernel
-#: (:mod:`hetflow.frame._groupcodes`) on numeric columns, else by Arrow's hash aggregation.
+#: Aggregations whose partial rows are their own result (no :func:`finish` step of note).
 ARROW = frozenset({"sum", "count", "mean", "min", "max", "size"})
-
-
-def arrow_only(planned: Sequence[Planned]) -> bool:
-    return all(p.name in ARROW for p in planned)
-
-
-def by_arrow(table: pa.Table, by: List[str], planned: Sequence[Planned], names: List[str],
-             merging: bool) -> pa.Table:
-    """Partial rows (keys, then the ``names`` columns laid out as :func:`part_names` says)
-    of :data:`ARROW` aggregations, by the dense-code kernel where it applies, else by one
-    Arrow hash aggregation over the keys; ``merging``:
-    ``table`` holds such partial rows already (several per group), to be merged."""
-    keys = [_arrays.unsigned_zero(_arrays._single(table.column(k))) for k in by]
-    requests, i = [], 0
-    columns: Dict[str, pa.Array] = {}  # one array per column: the kernels prepare each once
-    for p in planned:
-        for part in part_names(p):
-            name = names[i]
-            i += 1
-            if merging:
-                col = _arrays._single(table.column(name))
-                func = p.name if p.name in ("min", "max") else "sum"
-            else:
-                col = columns.setdefault(p.column, _arrays._single(table.column(p.column)))
-                func = ("size" if p.name == "size" else
-                        "count" if part == "count" or p.name == "count"
-                        else p.name if p.name in ("min", "max") else "sum")
-            requests.append((name, func, col))
-    out = _groupcodes.aggregate(keys, requests)
-    if out is not None:
-        return out.rename_columns(list(by) + names)
-    source = pa.table(keys + [col for _, _, col in requests],
-                      names=list(by) + [name for name, _, _ in requests])
-    arrow = [(name, "count", pc.CountOptions(mode="all")) if func == "size" else (name, func)
-             for name, func, _ in requests]
-    try:
-        grouped = source.group_by(list(by), use_threads=False)
-    except TypeError:  # pyarrow < 12 (pycylon's environments): no use_threads
-        grouped = source.group_by(list(by))
-    out = grouped.aggregate(arrow)
-    return out.select(list(by) + [f"{r[0]}_{r[1]}" for r in arrow]).rename_columns(
-        list(by) + names)
-
-
-# -- groups ----------------------------------------------------------------------------------
-@dataclass
-class Groups:
-    """Rows numbered by group: ``ids[i]`` is row i's group (0..count-1, in order of first
-    appearance), ``first[g]`` the row where group g first appears."""
-
-    ids: np.ndarray
-    count: int
-    first: np.ndarray
-    _last: Optional[np.ndarray] = field(default=None, repr=False)
-
-    @property
-    def last(self) -> np.ndarray:
-        """The row where each group last appears."""
-        if self._last is None:
-            last = np.zeros(self.count, np.int64)
-            np.maximum.at(last, self.ids, np.arange(len(self.ids), dtype=np.int64))
-            self._last = last
-        return self._last
-
-
-def _canonical(col: pa.Array) -> pa.Array:
-    """The values as dictionary encoding numbers them: -0.0 as 0.0, dictionaries decoded."""
-    if pa.types.is_floating(col.type):
-        return _arrays.unsigned_zero(col)
-    if pa.types.is_dictionary(col.type):
-        return _canonical(col.cast(col.type.value_type))
-    return col
-
-
-def _codes(col: pa.Array):
-    """Each value's number among the column's distinct values (null one of them, NaN one),
-    in order of first appearance, and how many there are."""
-    enc = pc.dictionary_encode(_canonical(_arrays._single(col)), null_encoding="encode")
-    return _arrays.to_numpy(enc.indices).astype(np.int64, copy=False), len(enc.dictionary)
-
-
-def _dense(codes: np.ndarray):
-    """Integer codes renumbered 0.. in order of first appearance, and their count (a hash:
-    3x faster than a stable argsort of 1M int64 codes here, at 100 to 10M distinct)."""
-    return _codes(_arrays.arrow_of(codes))
-
-
-def group_ids(columns: Sequence) -> Groups:
-    """Number the rows of ``columns`` (the group keys, as Arrow arrays of equal length) by
-    their distinct combination of values; a null is a value, as in polars. One column: its
-    values' dictionary codes; several: their codes combined into one integer per row and
-    renumbered (both in order of first appearance)."""
-    n = len(columns[0])
-    codes, card = None, 1
-    for col in columns:
-        idx, k = _codes(col)
-        if codes is None:
-            codes, card = idx, k
-            continue
-        if card * max(k, 1) >= 1 << 62:
-            codes, card = _dense(codes)
-        codes = codes * k + idx
-        card *= k
-    if len(columns) > 1:
-        codes, card = _dense(codes)
-    if n == 0:
-        return Groups(np.zeros(0, np.int64), 0, np.zeros(0, np.int64))
-    return Groups(codes, int(card), _first_rows(codes))
-
-
-def _first_rows(codes: np.ndarray) -> np.ndarray:
-    """Where each code first appears, for codes numbered in order of first appearance (a
-    code's first row is where the running maximum grows)."""
-    if not len(codes):
-        return np.zeros(0, np.int64)
-    top = np.maximum.accumulate(codes)
-    starts = np.empty(len(codes), bool)
-    starts[0] = True
-    np.greater(top[1:], top[:-1], out=starts[1:])
-    return np.flatnonzero(starts)
-
-
-# -- kernels ---------------------------------------------------------------------------------
-def _valid(col: pa.Array) -> np.ndarray:
-    if not col.null_count:
-        return np.ones(len(col), bool)
-    return _arrays.to_numpy(pc.is_valid(col))
-
-
-def _floats(col: pa.Array) -> np.ndarray:
-    """The values as float64 (nulls as 0: always read with :func:`_valid`)."""
-    if col.null_count:
-        col = col.fill_null(pa.scalar(0, col.type))
-    return _arrays.to_numpy(col).astype(np.float64, copy=False)
-
-
-def _native(g: Groups, requests) -> List[pa.Array]:
-    """Arrow's hash aggregation of ``(column, function)`` requests by group number, one pass;
-    each result aligned with the group numbers."""
-    if not requests:
-        return []
-    names = [f"c{i}" for i in range(len(requests))]
-    t = pa.table([_arrays.arrow_of(g.ids)] + [c for c, _ in requests], names=["g"] + names)
-    try:
-        grouped = t.group_by(["g"], use_threads=False)
-    except TypeError:  # pyarrow < 12 (pycylon's environments): no use_threads
-        grouped = t.group_by(["g"])
-    out = grouped.aggregate([(n, f) for n, (_, f) in zip(names, requests)])
-    order = _arrays.to_numpy(out.column("g"))
-    if not np.array_equal(order, np.arange(g.count)):
-        out = out.take(_arrays.arrow_of(np.argsort(order, kind="stable")))
-    return [_arrays._single(out.column(f"{n}_{f}")) for n, (_, f) in zip(names, requests)]
-
-
-def _counts(g: Groups, mask: Optional[np.ndarray] = None, weights=None) -> np.ndarray:
-    ids = g.ids if mask is None else g.ids[mask]
-    if weights is not None:
-        weights = weights if mask is None else weights[mask]
-        return np.rint(np.bincount(ids, weights=weights, minlength=g.count)).astype(np.int64)
-    return np.bincount(ids, minlength=g.count).astype(np.int64)
-
-
-def _sums(g: Groups, values: np.ndarray) -> np.ndarray:
-    # float64 always: bincount of no rows gives int64, and every rank's partials must agree
-    return np.bincount(g.ids, weights=values, minlength=g.count).astype(np.float64, copy=False)
-
-
-def _int64(values: np.ndarray) -> pa.Array:
-    return _arrays.arrow_of(values.astype(np.int64, copy=False))
-
-
-def _moments(g: Groups, col: pa.Array) -> List[pa.Array]:
-    """(n, mean, M2) of each group's non-null values, by two passes (the mean first, then the
-    squared deviations from it: no cancellation of large sums of squares)."""
-    ok = _valid(col)
-    x = np.where(ok, _floats(col), 0.0)
-    n = _counts(g, ok).astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(n > 0, _sums(g, x) / n, 0.0)
-        d = np.where(ok, x - mean[g.ids], 0.0)
-    return [_arrays.arrow_of(n), _arrays.arrow_of(mean), _arrays.arrow_of(_sums(g, d * d))]
-
-
-def _merge_moments(g: Groups, n_col, mean_col, m2_col) -> List[pa.Array]:
-    """Chan et al.'s exact merge of (n, mean, M2) partials: M2 = sum(M2_i) +
-    sum(n_i (mean_i - mean)^2), each deviation taken from the merged mean."""
-    n_i, mean_i, m2_i = (_arrays.to_numpy(c) for c in (n_col, mean_col, m2_col))
-    n = _sums(g, n_i)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(n > 0, _sums(g, n_i * mean_i) / n, 0.0)
-        dev = np.where(n_i > 0, mean_i - mean[g.ids], 0.0)
-    m2 = _sums(g, m2_i) + _sums(g, n_i * dev * dev)
-    return [_arrays.arrow_of(n), _arrays.arrow_of(mean), _arrays.arrow_of(m2)]
-
-
-def _spread(n_col, m2_col, ddof: int, root: bool) -> pa.Array:
-    n, m2 = _arrays.to_numpy(n_col), _arrays.to_numpy(m2_col)
-    ok = n - ddof > 0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        var = np.where(ok, m2 / np.where(ok, n - ddof, 1), 0.0)
-    return _arrays.from_values(pa.float64(), np.sqrt(var) if root else var, ok)
-
-
-def _sorted_values(g: Groups, col: pa.Array):
-    """The non-null values ordered by (group, value) (NaN after every number, as in polars),
-    with each group's count and first position in that order."""
-    rows = np.flatnonzero(_valid(col))
-    values = _arrays.to_numpy(pc.drop_null(col) if col.null_count else col)
-    ids = g.ids[rows]
-    # by (group, value) in one argsort of group * n + the value's rank (a quarter of lexsort's
-    # time for 2M rows); equal values may come in any order, being equal
-    rank = np.empty(len(values), np.int64)
-    rank[np.argsort(values)] = np.arange(len(values), dtype=np.int64)
-    order = np.argsort(ids * len(values) + rank)
-    del rank
-    counts = np.bincount(ids, minlength=g.count)
-    starts = np.zeros(g.count + 1, np.int64)
-    np.cumsum(counts, out=starts[1:])
-    return rows[order], values[order], counts, starts
-
-
-def _quantile(g: Groups, col: pa.Array, q: float, how: str) -> pa.Array:
-    """polars' quantile of each group's non-null values at position q (n - 1): ``nearest``
-    rounds half up, ``linear`` interpolates, ``midpoint`` averages the two neighbours."""
-    _, values, counts, starts = _sorted_values(g, col)
-    values = values.astype(np.float64, copy=False)
-    has = counts > 0
-    pos = q * np.maximum(counts - 1, 0)
-    lo, hi = np.floor(pos).astype(np.int64), np.ceil(pos).astype(np.int64)
-    if how == "nearest":
-        lo = hi = np.floor(pos + 0.5).astype(np.int64)
-    elif how == "lower":
-        hi = lo
-    elif how == "higher":
-        lo = hi
-    if not len(values):
-        return pa.nulls(g.count, pa.float64())
-    last = len(values) - 1   # an empty group's positions are clipped, its result null
-    a = values[np.minimum(starts[:-1] + lo, last)]
-    b = values[np.minimum(starts[:-1] + hi, last)]
-    with np.errstate(invalid="ignore"):
-        if how == "midpoint":
-            out = np.where(lo == hi, a, (a + b) / 2)
-        elif how == "linear":
-            out = np.where(lo == hi, a, a + (pos - lo) * (b - a))
-        else:
-            out = a
-    return _arrays.from_values(pa.float64(), np.ascontiguousarray(out), has)
-
-
-def _extremes(g: Groups, col: pa.Array, n: int, largest: bool) -> pa.Array:
-    """Each group's n largest (descending) or smallest (ascending) non-null values, a list."""
-    rows, _, counts, starts = _sorted_values(g, col)
-    k = np.minimum(counts, n)
-    offsets = np.zeros(g.count + 1, np.int64)
-    np.cumsum(k, out=offsets[1:])
-    group = np.repeat(np.arange(g.count, dtype=np.int64), k)
-    r = np.arange(offsets[-1], dtype=np.int64) - offsets[:-1][group]
-    at = starts[:-1][group] + (counts[group] - 1 - r if largest else r)
-    items = col.take(_arrays.arrow_of(rows[at]))
-    return pa.LargeListArray.from_arrays(_arrays.arrow_of(offsets), items)
-
-
-def _nunique(g: Groups, col: pa.Array) -> pa.Array:
-    """Distinct values per group, a null counting as one (polars' ``n_unique``)."""
-    codes, k = _codes(col)
-    if g.count * max(k, 1) < 1 << 62:
-        # each (group, value) pair as one integer, the distinct ones found by a sort (4-8x
-        # faster here than hashing 1M pairs; np.unique's hash path took seconds)
-        pairs = np.sort(g.ids * k + codes)
-        distinct = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))] if len(pairs) \
-            else pairs
-        return _int64(np.bincount(distinct // k, minlength=g.count))
-    pairs = group_ids([_arrays.arrow_of(g.ids), col]).first
-    return _int64(np.bincount(g.ids[pairs], minlength=g.count))
 
 
 def part_names(p: Planned) -> List[str]:
@@ -478,80 +206,224 @@ def part_names(p: Planned) -> List[str]:
             "std": ["n", "mean", "m2"]}.get(p.name, ["value"])
 
 
-def _native_requests(p: Planned, col: pa.Array):
-    """What Arrow's hash aggregation computes for ``p``: its own function, or a mean's sum."""
-    if p.name in ("sum", "min", "max"):
-        return [(col, p.name)]
-    if p.name == "mean":
-        return [(col, "sum")]
-    return []
+# -- kernels ---------------------------------------------------------------------------------
+def _ordinal(col) -> pa.Array:
+    """A column as polars orders it: its own values, or (a type polars does not order as
+    Arrow does) each value's rank among them, nulls kept."""
+    col = _engine.decoded(col)
+    if _engine.native(col.type):
+        return col
+    rank = pc.rank(col, sort_keys="ascending", tiebreaker="dense")
+    return pc.if_else(pc.is_valid(col), rank, pa.nulls(len(col), rank.type)) if col.null_count \
+        else rank
 
 
-def local(columns: Dict[str, pa.Array], g: Groups, planned: Sequence[Planned]) -> List[List[pa.Array]]:
-    """Each aggregation's partial columns (:func:`_part_names`) over this rank's rows; for the
-    holistic ones, the final values of each group (all its rows are here)."""
-    native = _native(g, [r for p in planned for r in _native_requests(p, columns[p.column])])
-    native.reverse()
-    out = []
+
+
+def _validity(col) -> pa.Array:
+    return pc.is_valid(_arrays._single(col))
+
+
+def _wide(t: pa.DataType) -> Optional[pa.DataType]:
+    """A sum's type (Arrow's): integers at 64 bits of their signedness, floats as float64,
+    decimals at precision 38."""
+    if pa.types.is_decimal(t):
+        return pa.decimal128(38, t.scale)
+    return (pa.float64() if pa.types.is_floating(t) else
+            pa.uint64() if pa.types.is_unsigned_integer(t) else pa.int64())
+
+
+def _cast(t: pa.DataType):
+    return lambda arr, rows: arr if arr.type == t else arr.cast(t)
+
+
+class _Kernel:
+    """One polars group-by over a table's rows: the columns it reads (each prepared once),
+    the expressions, and how each result comes back to Arrow (``post(array, rows)``, rows
+    being each group's first row)."""
+
+    def __init__(self, keys: Sequence[pa.Array]):
+        keys = [_arrays._single(k) for k in keys]
+        self.keys = [_arrays.unsigned_zero(k) if pa.types.is_floating(k.type) else k
+                     for k in keys]
+        self.columns = [_engine.comparable(k) for k in keys]
+        self.names = [f"k{i}" for i in range(len(keys))]
+        self.exprs, self.outs, self.after, self._added = [], [], [], {}
+        self.numbered = False   # whether a result reads the rows' numbers
+
+    def col(self, col: pa.Array, how=_engine.decoded):
+        """``col`` as ``how`` prepares it, a polars column (added once per column and way)."""
+        at = (id(col), how)
+        if at not in self._added:
+            self._added[at] = (f"c{len(self.names)}", col)  # col held: its id stays its own
+            self.columns.append(how(col))
+            self.names.append(self._added[at][0])
+        return _engine.polars().col(self._added[at][0])
+
+    def out(self, expr, post=None, after=None) -> str:
+        """A result: ``expr`` per group, then ``after(column)`` (an expression over the
+        groups' results, e.g. ``pl.col(name) * 2``), then ``post(array, rows)`` in Arrow."""
+        name = f"o{len(self.exprs)}"
+        self.exprs.append(expr.alias(name))
+        self.outs.append((name, post))
+        if after is not None:
+            self.after.append(after(_engine.polars().col(name)).alias(name))
+        return name
+
+    def hidden(self, expr) -> str:
+        """A result read only by another's ``after``."""
+        name = f"h{len(self.exprs)}"
+        self.exprs.append(expr.alias(name))
+        return name
+
+    def row(self):
+        """The rows' numbers, a polars column."""
+        self.numbered = True
+        return _engine.polars().col(_engine.ROW)
+
+    def count(self, col: pa.Array):
+        """The non-null values of ``col`` per group."""
+        return self.col(col, _validity).sum() if col.null_count else _engine.polars().len()
+
+    def run(self) -> Tuple[List[pa.Array], List[pa.Array]]:
+        """The groups' keys and the results, one row per group. A key polars holds as Arrow
+        does comes back from polars; any other is read from its group's first row."""
+        pl = _engine.polars()
+        keys = self.names[:len(self.keys)]
+        by_row = [i for i, k in enumerate(self.keys) if not _engine.native(k.type)]
+        first = [pl.col(_engine.ROW).first().alias("__first")] if by_row else []
+        lazy = _engine.frame(self.columns, self.names, row=self.numbered or bool(by_row)).lazy()
+        got = _engine.arrow(lazy.group_by(keys).agg(first + self.exprs)
+                            .with_columns(self.after).collect())
+        rows = _arrays._single(got.column("__first")) if by_row else None
+        keys = [k.take(rows) if i in by_row else _arrays._single(got.column(f"k{i}")).cast(k.type)
+                for i, k in enumerate(self.keys)]
+        results = [(_arrays._single(got.column(name)), post) for name, post in self.outs]
+        return keys, [post(arr, rows) if post else arr for arr, post in results]
+
+
+def _extreme(k: _Kernel, col: pa.Array, func: str) -> None:
+    """A min or max, Arrow's type kept (a type polars does not order as Arrow: by ranks)."""
+    if _engine.native(_engine.decoded(col).type):
+        x = k.col(col)
+        k.out(x.min() if func == "min" else x.max(), _cast(col.type))
+        return
+    r = k.col(col, _ordinal)
+    k.out(k.row().filter(r == (r.min() if func == "min" else r.max())).first(),
+          lambda rows, _: col.take(rows))
+
+
+def _ranked(k: _Kernel, col: pa.Array, n: int, largest: bool, merging: bool) -> None:
+    """Each group's n largest (descending) or smallest (ascending) non-null values, a list."""
+    x = k.col(col)
+    if merging:
+        x = x.explode()
+    x = x.drop_nulls()
+    kept = x.top_k(n).sort(descending=True) if largest else x.bottom_k(n).sort()
+    item = col.type.value_type if merging else col.type
+    k.out(kept, _cast(pa.large_list(item)))
+
+
+def _parts(k: _Kernel, p: Planned, cols: Sequence[pa.Array], merging: bool) -> None:
+    """Register ``p``'s partial columns (:func:`part_names`) over a value column
+    (``cols[0]``), or, ``merging``, over partial columns of several ranks (``cols``)."""
+    pl = _engine.polars()
+    name, col = p.name, cols[0]
+    if name in ("sum", "mean"):
+        x = k.col(col)
+        wide = _wide(_engine.decoded(col).type)
+        if not pa.types.is_decimal(wide):
+            x = x.cast(pl.Float64 if pa.types.is_floating(wide) else
+                       pl.UInt64 if pa.types.is_unsigned_integer(wide) else pl.Int64)
+        count = k.hidden(k.count(col))   # a sum of no value is null
+        k.out(x.sum(), _cast(wide), lambda c: pl.when(pl.col(count) > 0).then(c))
+        if name == "mean":
+            k.out(k.col(cols[1]).sum() if merging else k.count(col), _cast(pa.int64()))
+    elif name in ("min", "max"):
+        _extreme(k, col, name)
+    elif name in ("count", "size"):
+        k.out(k.col(col).sum() if merging else k.count(col) if name == "count" else pl.len(),
+              _cast(pa.int64()))
+    elif name in ("first", "last"):
+        row = k.row()
+        k.out(row.first() if name == "first" else row.last(), lambda rows, _: col.take(rows))
+    elif name in ("nlargest", "nsmallest"):
+        _ranked(k, col, p.agg.n, name == "nlargest", merging)
+    elif name in ("var", "std") and not merging:
+        x = k.col(col).cast(pl.Float64)
+        n = k.out(x.count().cast(pl.Float64))
+        k.out(x.mean(), None, lambda c: c.fill_null(0.0))
+        k.out(x.var(ddof=0), None, lambda c: (c * pl.col(n)).fill_null(0.0))
+    elif name in ("var", "std"):
+        n, mean, m2 = (k.col(c) for c in cols)
+        total = n.sum()
+        merged = pl.when(total > 0).then((n * mean).sum() / total).otherwise(0.0)
+        k.out(total)
+        k.out(merged)
+        k.out(m2.sum() + (n * (mean - merged) ** 2).sum())
+    else:
+        raise AssertionError(f"{name} has no exact partial result")
+
+
+def _holistic(k: _Kernel, p: Planned, col: pa.Array) -> None:
+    """A result of ``p`` over every row of each group: median, quantile, nunique."""
+    if p.name == "nunique":
+        k.out(k.col(col, _engine.comparable).n_unique(), _cast(pa.int64()))
+        return
+    x = k.col(col).cast(_engine.polars().Float64)
+    k.out(x.median() if p.name == "median" else x.quantile(p.agg.q, p.agg.interpolation))
+
+
+def _table(keys: List[pa.Array], by: Sequence[str], columns: List[pa.Array],
+           names: Sequence[str]) -> pa.Table:
+    return pa.Table.from_arrays(keys + columns, names=list(by) + list(names))
+
+
+def partials(table: pa.Table, by: Sequence[str], planned: Sequence[Planned],
+             names: Sequence[str], merging: bool = False) -> pa.Table:
+    """One partial row per group (keys, then the ``names`` columns, :func:`part_names` of each
+    aggregation in turn) of ``table``'s rows, or, ``merging``, of ``table``'s partial rows (in
+    that same layout: several ranks' rows per group, in rank order)."""
+    k = _Kernel([table.column(c) for c in by])
+    i = 0
     for p in planned:
-        col = columns[p.column]
-        a = p.agg
-        if p.name in ("sum", "min", "max"):
-            out.append([native.pop()])
-        elif p.name == "mean":
-            out.append([native.pop(), _int64(_counts(g, _valid(col)))])
-        elif p.name == "count":
-            out.append([_int64(_counts(g, _valid(col)))])
-        elif p.name == "size":
-            out.append([_int64(_counts(g))])
-        elif p.name in ("var", "std"):
-            out.append(_moments(g, col))
-        elif p.name == "first":
-            out.append([col.take(_arrays.arrow_of(g.first))])
-        elif p.name == "last":
-            out.append([col.take(_arrays.arrow_of(g.last))])
-        elif p.name in ("nlargest", "nsmallest"):
-            out.append([_extremes(g, col, a.n, p.name == "nlargest")])
-        elif p.name == "median":
-            out.append([_quantile(g, col, 0.5, "linear")])
-        elif p.name == "quantile":
-            out.append([_quantile(g, col, a.q, a.interpolation)])
-        elif p.name == "nunique":
-            out.append([_nunique(g, col)])
-        else:  # pragma: no cover - plan() admits only the names above
-            raise AssertionError(p.name)
-    return out
+        width = len(part_names(p))
+        cols = ([_arrays._single(table.column(n)) for n in names[i:i + width]] if merging
+                else [_arrays._single(table.column(p.column))])
+        _parts(k, p, cols, merging)
+        i += width
+    keys, out = k.run()
+    return _table(keys, by, out, names)
 
 
-def combine(parts: List[List[pa.Array]], g: Groups, planned: Sequence[Planned]) -> List[List[pa.Array]]:
-    """Merge partial rows of the same group (several ranks' partials, in rank order) into one
-    partial row per group, exactly as :func:`local` over all their rows would have."""
-    native = _native(g, [r for p, cols in zip(planned, parts)
-                         for r in _native_requests(p, cols[0])])
-    native.reverse()
-    out = []
-    for p, cols in zip(planned, parts):
-        if p.name in ("sum", "min", "max"):
-            out.append([native.pop()])
-        elif p.name == "mean":
-            out.append([native.pop(), _int64(_counts(g, weights=_floats(cols[1])))])
-        elif p.name in ("count", "size"):
-            out.append([_int64(_counts(g, weights=_floats(cols[0])))])
-        elif p.name in ("var", "std"):
-            out.append(_merge_moments(g, *cols))
-        elif p.name == "first":
-            out.append([cols[0].take(_arrays.arrow_of(g.first))])
-        elif p.name == "last":
-            out.append([cols[0].take(_arrays.arrow_of(g.last))])
-        elif p.name in ("nlargest", "nsmallest"):
-            lists = cols[0]
-            items = lists.flatten()
-            parent = _arrays.to_numpy(pc.list_parent_indices(lists)).astype(np.int64)
-            inner = Groups(g.ids[parent], g.count, np.zeros(0, np.int64))
-            out.append([_extremes(inner, items, p.agg.n, p.name == "nlargest")])
-        else:
-            raise AssertionError(f"{p.name} has no exact partial result")
-    return out
+def whole(table: pa.Table, by: Sequence[str], planned: Sequence[Planned]) -> pa.Table:
+    """The results of ``table``'s groups, every row of each being here."""
+    k = _Kernel([table.column(c) for c in by])
+    for p in planned:
+        col = _arrays._single(table.column(p.column))
+        (_holistic if p.name in HOLISTIC else lambda k, p, c: _parts(k, p, [c], False))(k, p, col)
+    keys, out = k.run()
+    parts = []
+    for p in planned:
+        width = 1 if p.name in HOLISTIC else len(part_names(p))
+        parts.append(out[:width])
+        out = out[width:]
+    return _table(keys, by, finish(parts, planned), [p.out for p in planned])
+
+
+def _floats(col: pa.Array) -> np.ndarray:
+    """The values as float64 (nulls as 0)."""
+    if col.null_count:
+        col = col.fill_null(pa.scalar(0, col.type))
+    return _arrays.to_numpy(col).astype(np.float64, copy=False)
+
+
+def _spread(n_col, m2_col, ddof: int, root: bool) -> pa.Array:
+    n, m2 = _arrays.to_numpy(n_col), _arrays.to_numpy(m2_col)
+    ok = n - ddof > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        var = np.where(ok, m2 / np.where(ok, n - ddof, 1), 0.0)
+    return _arrays.from_values(pa.float64(), np.sqrt(var) if root else var, ok)
 
 
 def finish(parts: List[List[pa.Array]], planned: Sequence[Planned]) -> List[pa.Array]:

@@ -24,6 +24,7 @@ import numpy as np
 
 from hetflow.errors import PartitionFailed
 from hetflow.frame._mpi import MPI, wait_all
+from hetflow.frame._phases import phase
 
 #: Ranks whose errors a message quotes in full (all of them are on the error's attributes).
 _QUOTED = 4
@@ -47,12 +48,13 @@ def settle(comm, what: str, error: Optional[BaseException]) -> None:
     the same :class:`~hetflow.errors.PartitionFailed` on every rank if any rank has one."""
     size = comm.Get_size()
     if size > 1:
-        failed = np.array([error is not None], np.int64)
-        total = np.empty(1, np.int64)
-        wait_all([comm.Iallreduce(failed, total, op=MPI.SUM)])
-        if not total[0]:
-            return
-        every = comm.allgather(_described(error))     # only on failure: who, and what
+        with phase("check"):
+            failed = np.array([error is not None], np.int64)
+            total = np.empty(1, np.int64)
+            wait_all([comm.Iallreduce(failed, total, op=MPI.SUM)])
+            if not total[0]:
+                return
+            every = comm.allgather(_described(error))     # only on failure: who, and what
     elif error is None:
         return
     else:

@@ -147,6 +147,10 @@ def _configure_threads_once(ranks_on_node: int) -> int:
             cores = os.cpu_count() or 1
         threads = max(1, cores // ranks_on_node)
     pa.set_cpu_count(threads)
+    # the compiled engine's pool (hetflow/frame/_engine.py), sized when polars is imported:
+    # a runtime's rank has it set to its cores per rank already
+    if not os.environ.get("POLARS_MAX_THREADS"):
+        os.environ["POLARS_MAX_THREADS"] = str(threads)
     if os.environ.get("HETFLOW_FRAME_ALLOCATOR", "") != "keep":
         _tune_allocators()
     return threads

@@ -13,6 +13,7 @@ from typing import Sequence, Tuple
 import pyarrow as pa
 
 from hetflow.frame import _ipc, _localjoin
+from hetflow.frame._agreement import step
 from hetflow.frame._phases import phase
 
 #: The most bytes of right side (all ranks' partitions together) sent to every rank: each rank
@@ -38,5 +39,6 @@ def join(comm, left: pa.Table, right: pa.Table, lk: Sequence[str], rk: Sequence[
     """This rank's rows of the join of its ``left`` with every rank's ``right`` (collective)."""
     with phase("exchange"):
         whole = _ipc.allgather(comm, right)
-    with phase("local"):
-        return _localjoin.join(left, whole, lk, rk, how, suffixes)
+    with step(comm, "join: the local join with the broadcast side"), phase("local"):
+        out = _localjoin.join(left, whole, lk, rk, how, suffixes)
+    return out

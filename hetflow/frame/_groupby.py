@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import pyarrow as pa
 
-from hetflow.frame import _aggregate, _arrays, _check
+from hetflow.frame import _aggregate, _arrays, _check, _cylon_rules, _pycylon
 from hetflow.frame._aggregate import Agg, Planned
 from hetflow.frame._agreement import step
 from hetflow.frame._prepare import prepare, require_table
@@ -32,17 +32,19 @@ class GroupBy:
         self.by = _check.key_names(by, "groupby")
 
     def agg(self, spec: Dict[str, Union[str, Agg, Sequence[Union[str, Agg]]]], *,
-            backend: Optional[str] = None) -> DistributedTable:
+            backend: Optional[str] = None, legacy_names: bool = False) -> DistributedTable:
         """Aggregate ``{column: function or a list of them}``; a function is a name or a
         :class:`~hetflow.frame.Agg` (for parameters): ``sum``, ``count``, ``mean``, ``min``,
         ``max``, ``size``, ``first``, ``last``, ``var``/``std`` (``ddof=1``), ``median``,
         ``quantile`` (``q``; ``interpolation="nearest"``, polars' default), ``nunique``,
         ``nlargest``/``nsmallest`` (``n``).
 
-        Result columns: the group keys, then ``column`` (one function) or
-        ``column_<function>`` (several), one row per group; a null key is a group of its
-        own. ``count`` counts non-null values, ``size`` rows; ``sum``/``min``/``max``/``mean``
-        skip nulls and give null for a group with no non-null value (SQL semantics; pandas'
+        Result columns: the group keys, then ``<column>_<function>`` for every function
+        (``amount_mean``, ``age_first``; pyarrow's ``TableGroupBy.aggregate`` rule), one row
+        per group; a null key is a group of its own. ``legacy_names=True`` (deprecated: it
+        goes in 0.3) names a column with one function ``column``, as hetflow 0.1 did.
+        ``count`` counts non-null values, ``size`` rows; ``sum``/``min``/``max``/``mean`` skip
+        nulls and give null for a group with no non-null value (SQL semantics; pandas'
         and polars' sum give 0). docs/engine.md gives each one's semantics.
         """
         t = self.table
@@ -52,13 +54,31 @@ class GroupBy:
             _check.check_columns(t.local.schema, [p.column for p in planned], "groupby.agg")
             _aggregate.check_types(t.local.schema, planned)
 
-        prep = prepare("groupby", [t], [self.by], backend=backend, check=check)
+        prep = prepare("groupby", [t], [self.by], backend=backend, check=check,
+                       cylon=lambda: _cylon_rules.groupby(t.comm.Get_size(), t.local, self.by,
+                                                          planned))
         if prep.pycylon:
-            from hetflow.frame import _pycylon
-            return _pycylon.groupby_agg(t, self.by, planned)
+            out = _pycylon.groupby_agg(t.comm, t.local, self.by, planned,
+                                       result_schema(t.local.schema, self.by, planned))
+            return _legacy(prep.result(out, backend="pycylon"), planned, legacy_names)
         out = aggregate(t.comm, t.local, self.by, planned,
                         lambda table, keys: shuffle_local(t.comm, table, keys, prep.backend))
-        return prep.result(out)
+        return _legacy(prep.result(out), planned, legacy_names)
+
+
+def _legacy(out: DistributedTable, planned: Sequence[Planned], legacy: bool) -> DistributedTable:
+    """``out`` with hetflow 0.1's names when asked (``column`` for a column's only function),
+    and a FutureWarning: ``legacy_names`` goes in 0.3."""
+    if not legacy:
+        return out
+    import warnings
+
+    warnings.warn("groupby.agg(legacy_names=True) is deprecated and goes in hetflow 0.3: "
+                  "read every result column as <column>_<function> (e.g. 'age_first')",
+                  FutureWarning, stacklevel=3)
+    alone = {p.column for p in planned
+             if sum(q.column == p.column for q in planned) == 1}
+    return out.rename({p.out: p.column for p in planned if p.column in alone})
 
 
 def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
@@ -71,13 +91,13 @@ def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
         source = shuffle(source, list(by))          # the values of each group meet here
     if _aggregate.holistic(planned) or comm.Get_size() == 1:
         with step(comm, "groupby: aggregating the groups"):
-            out = _whole_groups(source, by, planned)
+            out = _aggregate.whole(source, by, planned)
         return out
     names = _names(by, planned)
-    partial = _partials(source, by, planned, names)
     # the partials' types as an empty partition gives them, the same on every rank (the
     # exchange reads each rank's columns as the agreed types)
-    partial = partial.cast(_partials(source.slice(0, 0), by, planned, names).schema)
+    schema = _aggregate.partials(source.slice(0, 0), by, planned, names).schema
+    partial = _aggregate.partials(source, by, planned, names).cast(schema)
     del source
     merged = shuffle(partial, list(by))             # one row per group and source rank
     del partial
@@ -89,37 +109,21 @@ def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
 def _merged(merged: pa.Table, by: List[str], planned: Sequence[Planned],
             names: List[str]) -> pa.Table:
     """The results of the partial rows of this rank's groups (one per group and source)."""
-    if _aggregate.arrow_only(planned):
-        merged = _aggregate.by_arrow(merged, by, planned, names, merging=True)
-        return _finished(merged, by, planned, names)
-    g = _aggregate.group_ids([merged.column(k) for k in by])
-    parts = _aggregate.combine(_split(merged, planned, names), g, planned)
-    return _result(merged, by, g, _aggregate.finish(parts, planned), planned)
-
-
-def _split(table: pa.Table, planned: Sequence[Planned], names: List[str]):
-    """The ``names`` columns of ``table``, as each aggregation's list of partial columns."""
-    flat = [_arrays._single(table.column(n)) for n in names]
-    parts, i = [], 0
+    merged = _aggregate.partials(merged, by, planned, names, merging=True)
+    parts, i = [], len(by)
     for p in planned:
-        k = len(_aggregate.part_names(p))
-        parts.append(flat[i:i + k])
-        i += k
-    return parts
-
-
-def _finished(partial: pa.Table, by: List[str], planned: Sequence[Planned],
-              names: List[str]) -> pa.Table:
-    """The results of one partial row per group (its keys and ``names`` columns)."""
-    results = _aggregate.finish(_split(partial, planned, names), planned)
-    return pa.Table.from_arrays([_arrays._single(partial.column(k)) for k in by] + results,
+        width = len(_aggregate.part_names(p))
+        parts.append([_arrays._single(merged.column(j)) for j in range(i, i + width)])
+        i += width
+    return pa.Table.from_arrays([_arrays._single(merged.column(k)) for k in by]
+                                + _aggregate.finish(parts, planned),
                                 names=list(by) + [p.out for p in planned])
 
 
 def result_schema(schema: pa.Schema, by: List[str], planned: Sequence[Planned]) -> pa.Schema:
     """The schema of the group-by's result: the kernels' own, on an empty partition."""
     columns = list(dict.fromkeys(list(by) + [p.column for p in planned]))
-    return _whole_groups(schema.empty_table().select(columns), by, planned).schema
+    return _aggregate.whole(schema.empty_table().select(columns), by, planned).schema
 
 
 def _private(names: Sequence[str], stem: str) -> str:
@@ -132,47 +136,3 @@ def _names(by: List[str], planned: Sequence[Planned]) -> List[str]:
     """The partial columns' names (none of them a key's)."""
     stem = _private(by, "__hetflow_part")
     return [f"{stem}{i}_{j}" for i, p in enumerate(planned) for j in _aggregate.part_names(p)]
-
-
-def _partials(source: pa.Table, by: List[str], planned: Sequence[Planned],
-              names: List[str]) -> pa.Table:
-    """One row per group of ``source``: its keys, then every aggregation's partial columns."""
-    if _aggregate.arrow_only(planned):
-        return _aggregate.by_arrow(source, by, planned, names, merging=False)
-    g = _aggregate.group_ids([source.column(k) for k in by])
-    columns = {n: _arrays._single(source.column(n)) for n in source.column_names}
-    parts = _aggregate.local(columns, g, planned)
-    keys = source.select(list(by)).take(_arrays.arrow_of(g.first))
-    return pa.Table.from_arrays([_arrays._single(keys.column(k)) for k in by]
-                                + [c for cols in parts for c in cols], names=list(by) + names)
-
-
-def _whole_groups(source: pa.Table, by: List[str], planned: Sequence[Planned]) -> pa.Table:
-    """The aggregations of ``source``'s groups, all of whose rows are here."""
-    if _aggregate.arrow_only(planned):
-        names = _names(by, planned)
-        return _finished(_partials(source, by, planned, names), by, planned, names)
-    g = _aggregate.group_ids([source.column(k) for k in by])
-    columns = {n: _arrays._single(source.column(n)) for n in source.column_names}
-    results = _aggregate.finish(_aggregate.local(columns, g, planned), planned)
-    return _result(source, by, g, results, planned)
-
-
-def _result(source: pa.Table, by: List[str], g: _aggregate.Groups, results: List[pa.Array],
-            planned: Sequence[Planned]) -> pa.Table:
-    keys = source.select(list(by)).take(_arrays.arrow_of(g.first))
-    return pa.Table.from_arrays([_arrays._single(keys.column(k)) for k in by] + results,
-                                names=list(by) + [p.out for p in planned])
-
-
-def group_by(table: pa.Table, by: List[str]):
-    """``table.group_by(by)`` on one thread (a deterministic group order); pyarrow < 12 has no
-    ``use_threads`` and gives its own order, which no caller relies on (``unique`` sorts the
-    rows it keeps)."""
-    try:
-        return table.group_by(by, use_threads=False)
-    except TypeError:  # pyarrow < 12 (pycylon's environments pin pyarrow 9-10)
-        # whose grouping reads every column by the first one's chunks: columns chunked
-        # differently (a set operation's tags beside its concatenated sides) gave wrong groups
-        # or a segfault
-        return table.combine_chunks().group_by(by)

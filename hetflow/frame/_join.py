@@ -9,13 +9,16 @@ shuffle both whole sides, then :func:`hetflow.frame._localjoin.join`.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
-from hetflow.frame import _arrays, _backend, _broadcast, _check, _exchange, _hash, _localjoin
+from hetflow.frame import (_arrays, _backend, _broadcast, _check, _cylon_rules, _exchange, _hash,
+                           _localjoin, _pycylon)
+from hetflow.frame._agreement import step
 from hetflow.frame._arrays import destination_dtype, from_values
 from hetflow.frame._exchange import MPI
 from hetflow.frame._phases import phase
@@ -81,10 +84,13 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
                                      "type")
 
     prep = prepare("join", [left, right], [lk, rk], what=("left", "right"), facts=facts,
-                   check=key_types_match, backend=backend)
+                   check=key_types_match, backend=backend, cylon=functools.partial(
+                       _cylon_rules.join, comm.Get_size(), left.local, right.local, lk, rk, how))
     if prep.pycylon:
-        from hetflow.frame import _pycylon
-        return _pycylon.join(left, right, lk, rk, how, suffixes)
+        empty = _localjoin.join(left.local.slice(0, 0), right.local.slice(0, 0), lk, rk, how,
+                                tuple(suffixes))
+        return prep.result(_pycylon.join(comm, left.local, right.local, lk, rk, empty.schema),
+                           backend="pycylon")
     be, agreed = prep.backend, prep.agreed
     if _broadcast.chosen(how, agreed.per_rank("left_bytes"), agreed.per_rank("right_bytes")):
         out = _broadcast.join(comm, canonical_zero(left.local, lk),
@@ -105,7 +111,7 @@ def join(left: DistributedTable, right: DistributedTable, on=None, *, how: str =
     lt = shuffle_local(comm, canonical_zero(left.local, lk), lk, be)
     rt = shuffle_local(comm, canonical_zero(right.local, rk), rk, be)
     del left, right  # the caller still holds them; we only drop our references
-    with phase("local"):
+    with step(comm, "join: the local join"), phase("local"):
         out = _localjoin.join(lt, rt, lk, rk, how, tuple(suffixes))
     return prep.result(out)
 
@@ -173,8 +179,9 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
         keys, fetch_left, fetch_right = _shuffled_keys(comm, left, right, lkey, rkey, be,
                                                        residues, batched)
     stride = comm.Get_size() if residues is not None else 1
-    with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
+    with step(comm, "join: matching the keys"), phase("local"):
         li, ri = _localjoin.match(keys["left"], keys["right"], how, stride, identity=True)
+    with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
         return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
                                    fetch_left, fetch_right, keys)
 
@@ -212,9 +219,10 @@ def _join_by_hash(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, h
         del tagged, routing
         lh, rh = fetch_left(names[0]), fetch_right(names[1])
     del hashes
-    with phase("local"):
+    with step(comm, "join: matching the keys"), phase("local"):
         li, ri = _localjoin.match_by_hash(lh, rh, keys["left"], keys["right"], how)
-        del lh, rh
+    del lh, rh
+    with phase("local"):
         return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
                                    fetch_left, fetch_right, keys)
 

@@ -6,8 +6,11 @@ An operation names its input tables, their key columns and the facts each rank m
 1. checks the tables and agrees collectively (:func:`hetflow.frame._check.agree`): the ranks'
    schemas, any local error, and the facts, so every rank raises the same typed error or none;
 2. checks the key columns exist, then any check of the operation's own (``check``);
-3. chooses the backend once: pycylon when asked for by name (its adapter takes the operation
-   from there), else ``cpu`` or ``cupy``, with the allocator padded for the input's size.
+3. chooses the backend once: where pycylon was asked for by name, the operation's
+   :class:`~hetflow.frame._cylon_rules.Route` (``cylon``) decides, from counts summed over
+   the ranks, whether pycylon runs it (the operation then calls :mod:`hetflow.frame._pycylon`),
+   the CPU engine does (and the log says why), or it is refused (``NotSupported``); else
+   ``cpu`` or ``cupy``, with the allocator padded for the input's size.
 
 The facts come back by name on :class:`Agreed` (``agreed.total("rows")``,
 ``agreed.every("small")``), never by position.
@@ -18,10 +21,14 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import pyarrow as pa
 
 from hetflow.errors import InputError
 from hetflow.frame import _backend, _check
+from hetflow.frame._agreement import step
+from hetflow.frame._cylon_rules import Route
+from hetflow.frame._mpi import MPI, wait_all
 from hetflow.frame._table import DistributedTable
 
 log = logging.getLogger("hetflow.frame")
@@ -118,12 +125,12 @@ class Prepared:
         return self.backend == "pycylon"
 
     def without_pycylon(self, op: str, why: str) -> "Prepared":
-        """This preparation, on the CPU engine if pycylon was asked for (an operation the
-        adapter has no form of); the log says so, as the adapter's own routing does."""
+        """This preparation on the CPU engine where pycylon was chosen but could not finish
+        (every rank agreed on that); the log says why."""
         if not self.pycylon:
             return self
-        log.warning("hetflow.frame: %s ran on the CPU engine, not pycylon: %s", op, why)
-        return Prepared(self.comm, "cpu", self.agreed)
+        _on_cpu(op, why)
+        return Prepared(self.comm, _backend.resolve("cpu"), self.agreed)
 
     def result(self, table: pa.Table, backend: Optional[str] = None) -> DistributedTable:
         """``table`` as this operation's output; its backend is the chosen one (``backend``
@@ -133,13 +140,19 @@ class Prepared:
         return DistributedTable(self.comm, table, backend=backend)
 
 
+def _on_cpu(op: str, why: str) -> None:
+    log.warning("hetflow.frame: %s ran on the CPU engine, not pycylon: %s", op, why)
+
+
 def prepare(op: str, tables: Sequence[DistributedTable], keys: Sequence[Sequence[str]] = (), *,
             what: Sequence[str] = (), facts: Optional[Dict[str, Fact]] = None,
-            check: Optional[Callable[[], None]] = None,
-            backend: Optional[str] = None) -> Prepared:
+            check: Optional[Callable[[], None]] = None, backend: Optional[str] = None,
+            cylon: Optional[Callable[[], Route]] = None) -> Prepared:
     """Agree on ``tables``' schemas and ``facts`` (collective), check that ``keys[i]`` are
     columns of ``tables[i]`` and run ``check``, then choose the backend (see the module's
-    docstring). ``what`` names the tables in messages (``("left", "right")``)."""
+    docstring). ``what`` names the tables in messages (``("left", "right")``); ``cylon``
+    builds the operation's pycylon route (only where pycylon was asked for; an operation
+    without one runs on the CPU engine, silently: it chooses no backend)."""
     comm = tables[0].comm
     schemas = [t.local.schema for t in tables]
     flat, layout = _flatten(facts or {})
@@ -151,7 +164,23 @@ def prepare(op: str, tables: Sequence[DistributedTable], keys: Sequence[Sequence
         check()
     agreed = Agreed([_unflatten(f, layout) for f in gathered] if facts is not None else [])
     if _backend.requested_name(backend) == "pycylon":
-        return Prepared(comm, "pycylon", agreed)
+        if cylon is not None:
+            decision = _route(comm, op, cylon())
+            if decision is None:
+                return Prepared(comm, "pycylon", agreed)
+            _on_cpu(*decision)
+        backend = "cpu"
     chosen = _backend.resolve(backend)
     _backend.heap_pad_for(sum(t.local.nbytes for t in tables))
     return Prepared(comm, chosen, agreed)
+
+
+def _route(comm, op: str, route: Route):
+    """``route``'s decision from its counts summed over the ranks (collective: the counts of
+    every rank are as many, the schemas and keys being agreed)."""
+    with step(comm, f"{op}: counting what pycylon's routing needs"):
+        mine = np.asarray(route.count(), np.int64)
+    totals = mine.copy()
+    if comm.Get_size() > 1 and len(mine):
+        wait_all([comm.Iallreduce(mine, totals, op=MPI.SUM)])
+    return route.decide(totals)

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import InputError, NotSupported, SchemaMismatch
-from hetflow.frame import _arrays, _check
+from hetflow.frame import _check, _cylon_rules, _engine
 from hetflow.frame._exchange import MPI
-from hetflow.frame._groupby import group_by
+from hetflow.frame._agreement import step
 from hetflow.frame._prepare import prepare, require_table
 from hetflow.frame._shuffle import shuffle_local
 from hetflow.frame._table import DistributedTable
@@ -72,25 +72,18 @@ def _set_op(op: str, left: DistributedTable, right: DistributedTable,
                                "supported); select or cast the other columns first")
 
     prep = prepare(op, [left, right], what=("left", "right"), check=rows_comparable,
-                   backend=backend).without_pycylon(op, "pycylon has no set operations")
+                   backend=backend,
+                   cylon=lambda: _cylon_rules.never(op, "pycylon has no set operations"))
     names = list(ls.names)
     lt = shuffle_local(comm, _canonical_floats(left.local), names, prep.backend)
     rt = shuffle_local(comm, _canonical_floats(right.local), names, prep.backend)
-    both = pa.concat_tables([lt, rt])
-    side, first = "__hetflow_side", "__hetflow_row"
-    while side in names or first in names:
-        side, first = side + "_", first + "_"
-    tagged = both.append_column(side, pa.array(
-        np.repeat(np.array([0, 1], np.int8), [lt.num_rows, rt.num_rows]))).append_column(
-        first, _arrays.arrow_of(np.arange(both.num_rows, dtype=np.int64)))
-    groups = group_by(tagged, names).aggregate([(side, "min"), (side, "max"), (first, "min")])
-    lo, hi = groups.column(f"{side}_min"), groups.column(f"{side}_max")
-    if op == "intersect":
-        groups = groups.filter(pc.and_(pc.equal(lo, 0), pc.equal(hi, 1)))
-    elif op == "difference":
-        groups = groups.filter(pc.equal(hi, 0))
-    keep = np.sort(_arrays.to_numpy(groups.column(f"{first}_min")))
-    return prep.result(both.take(_arrays.arrow_of(keep)))
+    with step(comm, f"{op}: each distinct row's first occurrence"):
+        both = pa.concat_tables([lt, rt])
+        side = np.repeat(np.array([0, 1], np.int8), [lt.num_rows, rt.num_rows])
+        keep = _engine.first_rows([both.column(n) for n in names], side,
+                                  {"union": "any", "intersect": "both", "difference": "first"}[op])
+        out = both.take(pa.array(keep))
+    return prep.result(out)
 
 
 def _canonical_floats(table: pa.Table) -> pa.Table:

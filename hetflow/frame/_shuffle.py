@@ -5,7 +5,7 @@ from typing import Optional, Sequence
 
 import pyarrow as pa
 
-from hetflow.frame import _backend, _check, _exchange, _hash
+from hetflow.frame import _backend, _check, _cylon_rules, _exchange, _hash
 from hetflow.frame._prepare import prepare, require_table
 from hetflow.frame._table import DistributedTable
 
@@ -31,8 +31,7 @@ def shuffle(table: DistributedTable, on, *, backend: Optional[str] = None) -> Di
     """
     table = require_table(table, "shuffle: table")
     names = _check.key_names(on, "shuffle")
-    prep = prepare("shuffle", [table], [names], backend=backend)
-    if prep.pycylon:
-        from hetflow.frame import _pycylon
-        return _pycylon.shuffle(table, names)
+    prep = prepare("shuffle", [table], [names], backend=backend, cylon=lambda: _cylon_rules.never(
+        "shuffle", "pycylon's shuffle uses Cylon's own hash, so its partitions would not be "
+        "co-partitioned with the CPU engine's"))
     return prep.result(shuffle_local(table.comm, table.local, names, prep.backend))

@@ -6,10 +6,11 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from hetflow.errors import ConfigError, InputError
-from hetflow.frame import _arrays, _backend, _check, _exchange, _localjoin, _localsort
+from hetflow.frame import (_arrays, _backend, _check, _cylon_rules, _engine, _exchange,
+                           _localjoin, _localsort, _pycylon)
+from hetflow.frame._agreement import step
 from hetflow.frame._phases import phase
 from hetflow.frame._prepare import prepare, require_table, small
 from hetflow.frame._table import DistributedTable
@@ -57,10 +58,13 @@ def sort(table: DistributedTable, by, ascending: Union[bool, Sequence[bool]] = T
 
     prep = prepare("sort", [table], [names], backend=backend, check=sortable,
                    facts={"small": small(table.local), "rows": table.local.num_rows,
-                          "key_nulls": key_nulls})
+                          "key_nulls": key_nulls},
+                   cylon=lambda: _cylon_rules.sort(comm.Get_size(), table.local, names))
     if prep.pycylon:
-        from hetflow.frame import _pycylon
-        return _pycylon.sort(table, names, asc)
+        try:
+            return prep.result(_pycylon.sort(comm, table.local, names, asc), backend="pycylon")
+        except _pycylon.Declined as exc:
+            prep = prep.without_pycylon("sort", str(exc))
     be, agreed = prep.backend, prep.agreed
     fast = (len(names) == 1 and _is_numeric(schema.field(names[0]).type)
             and not any(agreed.total("key_nulls")))
@@ -128,7 +132,7 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str,
         # small partitions: every column in one exchange (latency-bound), then one gather each
         got = _exchange.fetch_together([(ex, i) for i in range(table.num_columns)])
         ex.release()
-        with phase("local"):
+        with step(comm, "sort: the local sort"), phase("local"):
             local = _localsort.sort_order(xp, got[key_index], descending)
             for i in range(table.num_columns):
                 columns[i] = _localjoin.take(got[i], local, False)
@@ -143,14 +147,14 @@ def _sort_numeric(comm, table: pa.Table, name: str, descending: bool, be: str,
         # sort, whose temporaries are the operation's peak: a 2-rank sort of 2M rows per rank
         # then peaks at ~2.9x its partition, not ~3.2x.
         ex.order = None
-        with phase("local"):
+        with step(comm, "sort: the local sort"), phase("local"):
             local = (_localsort.radix_argsort(received) if xp is np else
                      xp.asnumpy(xp.argsort(xp.asarray(received))))
             columns[key_index] = _arrays.from_values(column.type, _localsort.widen(
                 _arrays.gather(received, local), descending, lo, values.dtype))
     else:
         received = ex.column(key_index)
-        with phase("local"):
+        with step(comm, "sort: the local sort"), phase("local"):
             local = _localsort.sort_order(xp, received, descending)
             columns[key_index] = _localjoin.take(received, local, False)
     del received, values
@@ -352,17 +356,26 @@ def _sort_general(comm, table: pa.Table, names: List[str], asc: List[bool]) -> p
     del keys, cols
     order_np = _arrays.to_numpy(order)
     parts = _exchange.exchange_rows(comm, table, order_np, bounds)
-    return parts.take(_sort_indices(parts, names, asc))
-
-
-_PER_KEY_NULLS = int(pa.__version__.split(".")[0]) >= 25
+    with step(comm, "sort: the local sort"):
+        out = parts.take(_sort_indices(parts, names, asc))
+    return out
 
 
 def _sort_indices(table: pa.Table, names: List[str], asc: List[bool]) -> pa.Array:
-    """Arrow's stable sort indices, nulls at the end of every key (pyarrow >= 25 takes the
-    null placement per key and deprecates the global option)."""
-    if _PER_KEY_NULLS:
-        keys = [(n, "ascending" if a else "descending", "at_end") for n, a in zip(names, asc)]
-        return pc.sort_indices(table, sort_keys=keys)
-    keys = [(n, "ascending" if a else "descending") for n, a in zip(names, asc)]
-    return pc.sort_indices(table, sort_keys=keys, null_placement="at_end")
+    """Stable sort indices on the compiled engine (polars), Arrow's order: nulls at the end of
+    every key, NaN after every number in both directions (polars puts NaN first when
+    descending: a float key is preceded by its is-NaN flag), dictionaries by their values."""
+    pl = _engine.polars()
+    columns, exprs, descending = [], [], []
+    for i, (name, up) in enumerate(zip(names, asc)):
+        col = _engine.decoded(table.column(name))
+        columns.append(col)
+        if pa.types.is_floating(col.type):
+            exprs.append(pl.col(f"k{i}").is_nan())
+            descending.append(False)
+        exprs.append(pl.col(f"k{i}"))
+        descending.append(not up)
+    df = _engine.frame(columns, [f"k{i}" for i in range(len(names))])
+    order = df.select(pl.arg_sort_by(exprs, descending=descending, nulls_last=True,
+                                     maintain_order=True).alias("o"))
+    return _arrays._single(_engine.arrow(order).column(0))

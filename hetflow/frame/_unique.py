@@ -3,11 +3,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
+import pyarrow as pa
 
-from hetflow.frame import _arrays, _check
-from hetflow.frame._groupby import group_by
-from hetflow.frame._join import canonical_zero
+from hetflow.frame import _check, _cylon_rules, _engine, _pycylon
+from hetflow.frame._agreement import step
 from hetflow.frame._prepare import prepare, require_table
 from hetflow.frame._shuffle import shuffle_local
 from hetflow.frame._table import DistributedTable
@@ -20,17 +19,12 @@ def unique(table: DistributedTable, subset=None, *,
     table = require_table(table, "unique: table")
     schema = table.local.schema
     names = list(schema.names) if subset is None else _check.key_names(subset, "unique")
-    prep = prepare("unique", [table], [names], backend=backend)
+    prep = prepare("unique", [table], [names], backend=backend, cylon=lambda: _cylon_rules.unique(
+        table.comm.Get_size(), table.local, names))
     if prep.pycylon:
-        from hetflow.frame import _pycylon
-        return _pycylon.unique(table, names)
+        return prep.result(_pycylon.unique(table.comm, table.local), backend="pycylon")
     shuffled = shuffle_local(table.comm, table.local, names, prep.backend)
-    marker = "__hetflow_row"
-    while marker in schema.names:
-        marker += "_"
-    # -0.0 and 0.0 one value, as in the group-by and polars (the hash routed them alike)
-    indexed = canonical_zero(shuffled.select(names), names).append_column(
-        marker, _arrays.arrow_of(np.arange(shuffled.num_rows, dtype=np.int64)))
-    first = group_by(indexed, names).aggregate([(marker, "min")])
-    keep = np.sort(_arrays.to_numpy(first.column(f"{marker}_min")))
-    return prep.result(shuffled.take(_arrays.arrow_of(keep)))
+    # -0.0 and 0.0 one value, NaN one value, as in the group-by and polars
+    with step(table.comm, "unique: each key's first row"):
+        out = shuffled.take(pa.array(_engine.first_rows([shuffled.column(n) for n in names])))
+    return prep.result(out)

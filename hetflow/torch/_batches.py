@@ -40,6 +40,21 @@ def _fixed_width_numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t)
 
 
+def _tensor_type(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _untensorable(schema: pa.Schema, names) -> Optional[InputError]:
+    """An :class:`InputError` naming the first of ``names`` whose type no tensor holds."""
+    for name in names:
+        kind = schema.field(name).type
+        if not _tensor_type(kind):
+            return InputError(f"batches: column {name!r} has Arrow type {kind}, which no tensor "
+                              f"holds; batches takes integer, floating-point and boolean "
+                              f"columns (encode it first, e.g. as category codes)")
+    return None
+
+
 def column_tensor(column, name: str, fill=None, dtype: Optional[torch.dtype] = None):
     """One column as a 1-D tensor, and the bytes copied to make it (0: a view of the Arrow
     buffer). Nulls raise :class:`NullValues` naming the column unless ``fill`` is given."""
@@ -102,6 +117,8 @@ class Batches:
             _check.check_columns(local.schema, feature_names + label_names, "batches")
         except InputError as exc:
             error = exc
+        if error is None:   # a type no tensor holds, found before any copy or step
+            error = _untensorable(local.schema, feature_names + label_names)
         if error is None:   # nulls are found on every rank's partition, then agreed
             for name in feature_names + label_names:
                 has = local.column(name).null_count

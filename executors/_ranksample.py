@@ -1,0 +1,297 @@
+"""Rank side of resource sampling (standard library only: ranks start fast).
+
+While a rank runs its share of a task with sampling on (the payload's ``files`` carries an
+interval), a thread of the rank reads the rank process's own use and appends one JSON line
+per sample to ``samples-<rank>.jsonl`` in the task's files dir (owner-only, beside the
+rank's output; see :mod:`hetflow.executors._rankio`): one when the function starts, one
+every interval, one when it returns (the first is written with the second). The client reads the lines
+(:mod:`hetflow.executors.monitoring`); nothing in them is ever unpickled.
+
+A sample's fields:
+
+===================  ============================================================
+``time``             ``time.time()`` when it was read
+``rank``, ``pid``,   the rank, its process id and node
+``host``
+``cpu_user_s``,      CPU seconds of the rank process (its threads, and children it
+``cpu_system_s``     has waited for) since it started
+``cpu_percent``      CPU used since the previous sample, in percent of one core
+                     (the first sample: 0)
+``rss``, ``vms``     resident and virtual memory, bytes
+``memory_percent``   ``rss`` against the node's memory
+``ctx_voluntary``,   context switches (voluntary, involuntary), bytes read and
+``ctx_involuntary``, written (``/proc/self/io``; null in the first and last samples)
+``read_bytes``,
+``write_bytes``
+``gpus``             one entry per GPU bound to the rank (``CUDA_VISIBLE_DEVICES``):
+                     ``index``, ``utilization`` (percent), ``memory_used`` (bytes, the
+                     device), ``process_memory`` (bytes, this rank); null when none,
+                     and in the first sample (a query can take tens of milliseconds)
+``gpu_note``         why ``gpus`` is null: no GPU bound to the rank, no way to read it,
+                     or the first sample
+``final``            true for the sample taken when the function returned
+===================  ============================================================
+
+Linux's ``/proc`` gives everything but the CPU times (``resource.getrusage``); elsewhere
+those fields are null. GPUs are read through NVML (``pynvml``, where installed) or
+``nvidia-smi``.
+"""
+from __future__ import annotations
+
+import _thread
+import math
+import os
+import time
+
+
+def sample_name(rank: int) -> str:
+    return f"samples-{rank}.jsonl"
+
+
+def _proc(name: str) -> bytes:
+    # os.open/os.read, not open(): a text file object costs several times the read itself.
+    try:
+        fd = os.open(f"/proc/self/{name}", os.O_RDONLY)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+try:
+    _MEMORY = os.sysconf("SC_PHYS_PAGES") * _PAGE
+except (AttributeError, ValueError, OSError):
+    _MEMORY = 0
+
+
+def read_self(io: bool = True, memory: bool = True) -> dict:
+    """This process's use now (the fields above but ``time``, ``rank``, ``cpu_percent``,
+    ``gpus``); ``io=False`` leaves the byte counts out, ``memory=False`` the memory (null)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    sample = {"pid": os.getpid(), "host": _HOST,
+              "cpu_user_s": own.ru_utime + children.ru_utime,
+              "cpu_system_s": own.ru_stime + children.ru_stime,
+              "ctx_voluntary": own.ru_nvcsw, "ctx_involuntary": own.ru_nivcsw,
+              "rss": None, "vms": None, "memory_percent": None,
+              "read_bytes": None, "write_bytes": None}
+    statm = _proc("statm").split() if memory else ()
+    if len(statm) >= 2:
+        sample["vms"], sample["rss"] = int(statm[0]) * _PAGE, int(statm[1]) * _PAGE
+        if _MEMORY:
+            sample["memory_percent"] = 100.0 * sample["rss"] / _MEMORY
+    if io:
+        for line in _proc("io").splitlines():
+            key, _, value = line.partition(b":")
+            if key in (b"rchar", b"wchar"):
+                sample["read_bytes" if key == b"rchar" else "write_bytes"] = int(value)
+    return sample
+
+
+_HOST = os.uname().nodename
+
+
+def read_gpus(visible) -> tuple:
+    """``(gpus, note)`` for the devices in ``visible`` (``CUDA_VISIBLE_DEVICES``): a list of
+    dicts, or None and why not."""
+    if visible is None or not visible.strip():
+        return None, "no GPU bound to this rank"
+    ids = [d.strip() for d in visible.split(",") if d.strip()]
+    note = ""
+    try:
+        return _nvml(ids), ""
+    except ImportError:
+        pass
+    except Exception as exc:  # noqa: BLE001 - NVML present but failing: try the CLI
+        note = f"NVML failed ({exc}); "
+    try:
+        return _smi(ids), ""
+    except FileNotFoundError:
+        return None, note + f"GPU(s) {visible} bound, but neither pynvml nor nvidia-smi is here"
+    except Exception as exc:  # noqa: BLE001 - a sample without GPU data says why
+        return None, note + f"nvidia-smi failed: {exc}"
+
+
+def _nvml(ids) -> list:
+    import pynvml
+
+    pynvml.nvmlInit()
+    gpus = []
+    for device_id in ids:
+        handle = (pynvml.nvmlDeviceGetHandleByIndex(int(device_id)) if device_id.isdigit()
+                  else pynvml.nvmlDeviceGetHandleByUUID(device_id))
+        mine = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                if p.pid == os.getpid()]
+        gpus.append({"index": device_id,
+                     "utilization": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+                     "memory_used": pynvml.nvmlDeviceGetMemoryInfo(handle).used,
+                     "process_memory": (mine[0] or 0) if mine else 0})
+    return gpus
+
+
+def _smi(ids) -> list:
+    import subprocess
+
+    def query(kind, fields):
+        out = subprocess.run(["nvidia-smi", f"--query-{kind}={fields}", "-i", ",".join(ids),
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=10, check=True).stdout
+        return [[f.strip() for f in line.split(",")] for line in out.splitlines() if line]
+
+    mine = sum(int(used) for pid, used in query("compute-apps", "pid,used_memory")
+               if pid == str(os.getpid()) and used.isdigit()) * 2**20
+    gpus = [{"index": index, "utilization": int(util), "memory_used": int(used) * 2**20,
+             "process_memory": 0} for index, util, used in query("gpu", "index,utilization.gpu,memory.used")]
+    if gpus:
+        gpus[0]["process_memory"] = mine     # nvidia-smi -i gives this rank's total, not per device
+    return gpus
+
+
+#: The task this process samples now (a rank runs one task at a time), for :func:`_loop`.
+_current = None
+#: Held while the sampling thread may sleep; released to wake it.
+_wake = _thread.allocate_lock()
+_wake.acquire()
+_running = False
+#: When the sampling thread looks next (``time.monotonic()``; inf: not before it is woken).
+_looks_at = math.inf
+
+
+def _loop() -> None:
+    """The process's sampling thread: one for the life of the process, so a rank that runs
+    many tasks starts it once. It wakes every interval, task or not: a task that starts
+    wakes it only when its next look is further away than the task's interval (waking it
+    for every task cost the task a hand-over of the interpreter lock, about 1 ms on a
+    loaded machine)."""
+    global _looks_at
+    interval = None
+    while True:
+        current = _current
+        if current is not None and current.interval > 0:
+            interval = current.interval
+        if interval is None:
+            _looks_at = math.inf
+            woke = _wake.acquire()
+        else:
+            _looks_at = time.monotonic() + interval
+            woke = _wake.acquire(timeout=interval)
+        current = _current
+        if woke or current is None:
+            continue
+        with current.mutex:
+            if not current.closed and time.time() - current.last >= current.interval / 2:
+                current.take(final=False)
+                current.flush()
+
+
+def _start_thread() -> None:
+    global _running
+    if not _running:
+        try:
+            _thread.start_new_thread(_loop, ())     # not waited for, unlike threading's
+            _running = True
+        except RuntimeError:       # no thread to be had: the first and last samples only
+            pass
+
+
+class Sampler:
+    """One rank's sampling for one task: a context manager around the task's function.
+
+    What a task that ends within one interval costs is kept small: the first sample is read
+    in memory (no I/O counters, no GPU query) and written with the last in one write, and one
+    thread per process does the sampling in between (:func:`_loop`).
+    Best-effort like the output capture: a files dir the rank cannot write costs the task
+    its samples, never its run.
+    """
+
+    def __init__(self, directory: str, rank: int, interval: float):
+        self.directory, self.rank, self.interval = directory, rank, interval
+        self._fd = -1
+        self._pending: list = []    # samples not yet written
+        self._last = None           # (time, cpu seconds) of the previous sample
+        self.last = 0.0             # its time
+        self.mutex = _thread.allocate_lock()
+        self.closed = False
+
+    def __enter__(self) -> "Sampler":
+        global _current
+        self.take(final=False, first=True)
+        if self.interval > 0:
+            _start_thread()
+            _current = self
+            if _looks_at > time.monotonic() + self.interval and _wake.locked():
+                _wake.release()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _current
+        if _current is self:
+            _current = None
+        with self.mutex:
+            self.closed = True
+            self.take(final=True)
+            self.flush()
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def take(self, final: bool, first: bool = False) -> None:
+        try:
+            # No I/O counters in the first and last samples (each /proc file read cost a
+            # rank 35-60 us on a loaded machine, a no-op task's whole run ~2 ms); the memory
+            # is in every one (parsl-visualize's resource page fails on a null).
+            sample = read_self(io=not first and not final)
+            now = time.time()
+            cpu = sample["cpu_user_s"] + sample["cpu_system_s"]
+            percent = 0.0
+            if self._last is not None and now > self._last[0]:
+                percent = 100.0 * (cpu - self._last[1]) / (now - self._last[0])
+            self._last, self.last = (now, cpu), now
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            gpus, note = (None, "GPUs are not read when the task starts") if first and \
+                visible else read_gpus(visible)
+            sample.update(time=now, rank=self.rank, cpu_percent=percent, gpus=gpus,
+                          gpu_note=note, final=final)
+            self._pending.append(sample)
+        except Exception:  # noqa: BLE001 - a sample that fails is skipped, the task runs on
+            pass
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        import json
+
+        try:
+            if self._fd < 0:
+                self._fd = os.open(os.path.join(self.directory, sample_name(self.rank)),
+                                   os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            # Whole lines in one write to an O_APPEND file: the reader sees whole lines.
+            os.write(self._fd, "".join(json.dumps(s) + "\n" for s in self._pending).encode())
+        except OSError:
+            pass
+        self._pending = []
+
+
+class _Off:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def sampling(capture, files):
+    """The sampler for this rank and task (see :class:`Sampler`), or nothing: sampling off
+    (``files`` carries no interval) or no files dir (the rank runs in the client's process)."""
+    interval = files[5] if files and len(files) > 5 else None
+    directory = getattr(capture, "directory", None)
+    if interval is None or directory is None:
+        return _Off()
+    return Sampler(directory, capture.rank, interval)

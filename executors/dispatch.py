@@ -1,0 +1,179 @@
+"""The kernel's queue: its task record, the runtime's scheduler under one lock, and the thread
+that starts what it places.
+
+Every change to the queue or the slots (a task submitted, slots freed, a task re-queued, a
+runtime reshaping its slots through :meth:`TaskQueue.placement`) *kicks* the dispatch thread,
+which asks the scheduler for the tasks that can start now (:meth:`SlotScheduler.pop_ready`,
+whose cost does not grow with the queue) and hands each to ``launch`` outside the lock. When
+the queue's head cannot start, ``blocked(task)`` is told once per head and per reshaping
+(``placement()``), not once per freed slot: a runtime that can reshape its slots (the pool
+consolidating its worlds) acts then, and a deep queue does not wake it for every task.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional
+
+from hetflow.executors.scheduler import SlotScheduler
+from hetflow.spec import Resources
+from hetflow.tasks import TaskState, TaskTimes
+
+if TYPE_CHECKING:
+    from hetflow.executors.rankio import TaskFiles
+    from hetflow.executors.watch import Deadline
+
+
+@dataclass(eq=False)
+class Task:
+    """The kernel's record of one task; ``future.hetflow_task`` points to it."""
+
+    id: int
+    resources: Resources
+    payload: bytes
+    future: Future
+    times: TaskTimes
+    state: TaskState = TaskState.NEW
+    slots: list = field(default_factory=list)
+    #: The GPU ids the queue gave it (``ranks x gpus_per_rank`` of them, rank-major).
+    devices: list = field(default_factory=list)
+    #: The verdict the kernel decided (walltime, cancel, shutdown); wins over the runtime's.
+    error: Optional[BaseException] = None
+    deadline: Optional[Deadline] = None
+    #: The runtime's own handle on the running task (a launch, an RP task, ...).
+    handle: Any = None
+    #: Its files dir as the client follows it (rank output, returned ranks, stacks).
+    files: Optional[TaskFiles] = None
+    #: Its ranks' resource samples, when sampling is on (:mod:`hetflow.executors.monitoring`).
+    samples: Any = None
+
+    @property
+    def done(self) -> bool:
+        return self.future.done()
+
+
+class TaskQueue:
+    """Queued tasks, the runtime's :class:`SlotScheduler`, and the dispatch thread."""
+
+    def __init__(self, name: str, scheduler: SlotScheduler, launch: Callable,
+                 blocked: Callable):
+        #: Held while the queue or the slots change; the kernel keeps its task table under it.
+        self.lock = threading.RLock()
+        self.scheduler = scheduler
+        self._name = name
+        self._on_ready, self._on_blocked = launch, blocked
+        self._kicked = threading.Condition(self.lock)
+        self._pending = False
+        self._closed = False
+        self._reshaped = 0                  # placement() calls: the slots may have changed
+        self._told: tuple = (None, -1)      # (head's weakref, _reshaped) last told blocked()
+        self._thread: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------------ the thread
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=self._name)
+        self._thread.start()
+
+    def close(self) -> List:
+        """Stop dispatching; the queued tasks, in queue order (the queue is empty after)."""
+        with self.lock:
+            self._closed = True
+            queued = self.scheduler.drain()
+            self.kick()
+        return queued
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=timeout)
+
+    def kick(self) -> None:
+        """Wake the dispatcher: slots were freed or tasks queued (call with the lock held)."""
+        self._pending = True
+        self._kicked.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self.lock:
+                while not self._pending:
+                    self._kicked.wait()
+                self._pending = False
+                if self._closed:
+                    return
+            self.dispatch()
+
+    def dispatch(self) -> None:
+        """Start what fits now, on the calling thread (the dispatch thread, or a runtime's
+        thread that just freed slots: :meth:`release` with ``now``)."""
+        with self.lock:
+            if self._closed:
+                return
+            ready = self.scheduler.pop_ready()
+            for task, slots, devices in ready:
+                task.slots, task.devices = list(slots), list(devices)
+                task.state = TaskState.EXECUTING
+            blocked = self.scheduler.blocked
+            told, reshaped = self._told
+            tell = blocked is not None and (told is None or told() is not blocked[0]
+                                            or reshaped != self._reshaped)
+            if tell:
+                self._told = (weakref.ref(blocked[0]), self._reshaped)
+        for task, *_ in ready:
+            self._on_ready(task)
+        if tell:
+            self._on_blocked(blocked[0])
+
+    # ------------------------------------------------------------------ queue and slots
+    def push(self, task, slots: int, gpus: int) -> None:
+        with self.lock:
+            task.state = TaskState.SCHEDULING
+            self.scheduler.push(task, slots, gpus)
+            self.kick()
+
+    def remove(self, task) -> bool:
+        """Take ``task`` out of the queue; whether it was queued."""
+        with self.lock:
+            return self.scheduler.remove(task)
+
+    def drain(self) -> List:
+        """Empty the queue; the tasks that were in it."""
+        with self.lock:
+            return self.scheduler.drain()
+
+    def release(self, slots=(), devices=(), now: bool = False) -> None:
+        """Free ``slots`` and ``devices``; ``now``: start what fits on this thread at once
+        (no hand-over to the dispatch thread), else wake the dispatch thread."""
+        with self.lock:
+            if slots:
+                self.scheduler.release(slots)
+            if devices:
+                self.scheduler.release_devices(devices)
+            if not now:
+                self.kick()
+        if now:
+            self.dispatch()
+
+    def requeue(self, tasks, release: bool, need: Callable) -> None:
+        """Queue running ``tasks`` again, first; ``need(task)``: its ``(slots, gpus)``."""
+        with self.lock:
+            for task in tasks:
+                if release and task.slots:
+                    self.scheduler.release(task.slots)
+                self.scheduler.release_devices(task.devices)
+                if task.deadline is not None:
+                    task.deadline.cancel()
+                task.slots, task.devices = [], []
+                task.state, task.deadline = TaskState.SCHEDULING, None
+                self.scheduler.push_front(task, *need(task))
+            self.kick()
+
+    @contextlib.contextmanager
+    def placement(self, wake: bool = False) -> Iterator[SlotScheduler]:
+        """The scheduler under the lock, to read or reshape; ``wake``: dispatch again after."""
+        with self.lock:
+            self._reshaped += 1
+            yield self.scheduler
+            if wake:
+                self.kick()

@@ -1,0 +1,107 @@
+"""The compiled local engine: polars, over a rank's Arrow partition.
+
+Each rank's local work (a group-by's partial aggregation and its merge, ...) runs here, on
+polars' Rust kernels; hetflow keeps the distributed algorithms and the MPI exchange. polars
+takes Arrow arrays without copying fixed-width values (strings it converts to its own
+layout) and gives Arrow arrays back.
+
+Threads: polars sizes its thread pool once, from ``POLARS_MAX_THREADS`` when it is first
+imported. A rank started by a hetflow runtime has it set to the task's cores per rank (the
+rank runner sets it with ``OMP_NUM_THREADS``, before the task's code runs); elsewhere (a
+program under a bare ``mpiexec``) the first table a rank makes sets it to the rank's share of
+the node's cores, as Arrow's pool (:func:`hetflow.frame._backend.configure_threads`), else
+:func:`polars` takes ``OMP_NUM_THREADS``, else polars every core. A pool worker keeps the pool
+its first task sized.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hetflow.frame import _arrays
+
+_polars = None
+
+#: Name of the row-number column the kernels add (rows are read back by it with Arrow's take,
+#: which keeps every column's Arrow type as it was).
+ROW = "__hetflow_row"
+
+
+def polars():
+    """The polars module, imported with this rank's thread count (see the module docstring)."""
+    global _polars
+    if _polars is None:
+        threads = os.environ.get("OMP_NUM_THREADS")
+        if threads and threads.isdigit() and int(threads) > 0 and \
+                not os.environ.get("POLARS_MAX_THREADS"):
+            os.environ["POLARS_MAX_THREADS"] = threads
+        import polars
+        _polars = polars
+    return _polars
+
+
+def frame(columns: Sequence[pa.Array], names: Sequence[str], row: bool = False):
+    """A polars DataFrame over Arrow arrays (fixed-width values not copied); ``row``: with a
+    :data:`ROW` column numbering the rows."""
+    pl = polars()
+    df = pl.from_arrow(pa.Table.from_arrays(list(columns), names=list(names)), rechunk=False)
+    if isinstance(df, pl.Series):  # pragma: no cover - a table always gives a DataFrame
+        df = df.to_frame()
+    return df.with_row_index(ROW) if row else df
+
+
+def arrow(df) -> pa.Table:
+    """A polars DataFrame as an Arrow table, each column one chunk."""
+    out = df.to_arrow()
+    return out.combine_chunks() if any(c.num_chunks != 1 for c in out.columns) else out
+
+
+def native(t: pa.DataType) -> bool:
+    """Types polars groups, orders and reduces as Arrow does (others go by codes or ranks)."""
+    return (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t) or pa.types.is_date32(t) or pa.types.is_timestamp(t)
+            or (pa.types.is_floating(t) and t.bit_width in (32, 64)))
+
+
+def decoded(col) -> pa.Array:
+    """One array, a dictionary's values decoded."""
+    col = _arrays._single(col)
+    return col.cast(col.type.value_type) if pa.types.is_dictionary(col.type) else col
+
+
+def comparable(col) -> pa.Array:
+    """A column as polars compares it for equality: -0.0 as 0.0 (NaN is one value there),
+    dictionaries decoded, other types as their values' codes (a null one of them)."""
+    col = decoded(col)
+    if pa.types.is_floating(col.type):
+        return _arrays.unsigned_zero(col)
+    if native(col.type):
+        return col
+    return pc.dictionary_encode(col, null_encoding="encode").indices
+
+
+def first_rows(keys: Sequence[pa.Array], side: Optional[np.ndarray] = None,
+               keep: str = "any") -> np.ndarray:
+    """The row (ascending) where each distinct combination of ``keys`` first appears (a null
+    one value, as NaN, -0.0 and 0.0). ``side`` (0 or 1 per row): only the combinations that
+    occur on both sides (``keep="both"``), or on side 0 alone (``keep="first"``)."""
+    pl = polars()
+    names = [f"k{i}" for i in range(len(keys))]
+    columns = [comparable(k) for k in keys]
+    if side is not None:
+        columns.append(_arrays.arrow_of(side))
+        names.append("side")
+    aggs = [pl.col(ROW).first().alias("first")]
+    if side is not None:
+        aggs += [pl.col("side").min().alias("lo"), pl.col("side").max().alias("hi")]
+    got = frame(columns, names, row=True).lazy().group_by(names[:len(keys)]).agg(aggs)
+    if keep == "both":
+        got = got.filter((pl.col("lo") == 0) & (pl.col("hi") == 1))
+    elif keep == "first":
+        got = got.filter(pl.col("hi") == 0)
+    return got.select(pl.col("first").sort()).collect()["first"].to_numpy()

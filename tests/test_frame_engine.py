@@ -1,0 +1,116 @@
+"""The compiled local engine (hetflow/frame/_engine.py): its thread count follows the task's
+cores per rank, and the group-by kernels on it keep Arrow's result types and SQL's null rule
+for every integer width, float32/64, string, large_string, dictionary and binary column, with
+and without nulls, at 1 and 2 ranks (values against polars on the concatenated input)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mpiutil import run_mpi
+
+THREADS = r"""
+import sys
+import pyarrow as pa
+from mpi4py import MPI
+from hetflow import frame
+from hetflow.frame import _engine
+import mpiutil
+if sys.argv[1] == "table":   # a rank's first table sets its share of the cores
+    frame.from_local(MPI.COMM_WORLD, pa.table({"a": [1]}))
+mpiutil.report(_engine.polars().thread_pool_size())
+"""
+
+
+def test_polars_threads_follow_the_ranks_cores():
+    # a bare mpiexec: OMP_NUM_THREADS (what a runtime sets to cores_per_rank) sizes the pool
+    assert run_mpi(THREADS, 2, args=["omp"], env={"OMP_NUM_THREADS": "1"}).values(2) == [1, 1]
+    # else a rank's first table: its share of the node's cores, as Arrow's pool
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    env = {"OMP_NUM_THREADS": "", "POLARS_MAX_THREADS": ""}
+    assert run_mpi(THREADS, 2, args=["table"], env=env).values(2) == [share, share]
+    # a runtime's rank: bind_rank_environment sets POLARS_MAX_THREADS before user code runs
+    code = ("import os; from hetflow.executors._rank import bind_rank_environment; "
+            "bind_rank_environment({'cores_per_rank': 3, 'gpus_per_rank': 0}, 0); "
+            "print(os.environ['POLARS_MAX_THREADS'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "3"
+
+
+WIDTHS = r"""
+import math
+import numpy as np
+import pyarrow as pa
+import polars as pl
+from mpi4py import MPI
+from hetflow import frame
+import mpiutil
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+INTS = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+
+
+def part(r, nulls):
+    rng = np.random.default_rng([11, r])
+    n = 300
+    mask = (lambda: rng.random(n) < 0.2) if nulls else (lambda: None)
+    cols = {"k": pa.array(rng.integers(0, 5, n), pa.int64())}
+    for t in INTS:
+        cols[t] = pa.array(rng.integers(0, 100, n).astype(t), mask=mask())
+    for t in ("float32", "float64"):
+        cols[t] = pa.array(rng.normal(size=n).astype(t), mask=mask())
+    # a group with no value at all: its sum, min and max are null
+    cols["int32"] = pa.array(np.where(cols["k"].to_numpy() == 4, 0, rng.integers(0, 9, n))
+                             .astype(np.int32), mask=(cols["k"].to_numpy() == 4))
+    words = pa.array([["a", "bb", "", "Ü"][i] for i in rng.integers(0, 4, n)], mask=mask())
+    cols["string"], cols["large_string"] = words, words.cast(pa.large_string())
+    cols["dict"], cols["binary"] = words.dictionary_encode(), words.cast(pa.binary())
+    return pa.table(cols)
+
+
+failures = []
+for nulls in (False, True):
+    t = frame.from_local(comm, part(rank, nulls))
+    whole = pl.from_arrow(pa.concat_tables([part(r, nulls) for r in range(size)]))
+    for c in INTS + ["float32", "float64"]:
+        got = t.groupby("k").agg({c: ["sum", "min", "max", "mean", "count"]}).gather()
+        if rank:
+            continue
+        wide = "double" if c.startswith("float") else "uint64" if c.startswith("u") else "int64"
+        types = [str(f.type) for f in got.schema][1:]
+        own = str(part(0, nulls).schema.field(c).type)
+        if types != [wide, own, own, "double", "int64"]:
+            failures.append(f"{c} nulls={nulls}: types {types}")
+        x = pl.col(c).cast(pl.Float64) if c.startswith("float") else pl.col(c)  # float32 sums at 64
+        e = whole.group_by("k").agg(pl.when(x.count() > 0).then(x.sum()).alias("s"),
+                                    x.min().alias("lo"), x.max().alias("hi"),
+                                    x.mean().alias("m"), x.count().alias("n")).sort("k")
+        g = got.sort_by("k").to_pydict()
+        for (name, col) in zip(["s", "lo", "hi", "m", "n"], got.column_names[1:]):
+            a, b = g[col], e[name].to_list()
+            if not all((x is None and y is None) or (x is not None and y is not None
+                       and math.isclose(x, y, rel_tol=1e-6)) for x, y in zip(a, b)):
+                failures.append(f"{c} nulls={nulls} {name}: {a} != {b}")
+    for c in ("string", "large_string", "dict", "binary"):
+        got = t.groupby(c).agg({"int64": "sum", "k": ["min", "first"]}).gather()
+        if rank:
+            continue
+        if got.schema.field(c).type != part(0, nulls).schema.field(c).type:
+            failures.append(f"key {c}: {got.schema.field(c).type}")
+        key = whole[c].cast(pl.String) if c == "dict" else whole[c]
+        e = whole.with_columns(key).group_by(c).agg(pl.col("int64").sum(), pl.col("k").min())
+        a = sorted(zip(got.column(c).cast(pa.binary() if c == "binary" else pa.string())
+                       .to_pylist(), got.column("int64_sum").to_pylist()), key=repr)
+        b = sorted(zip(e[c].to_list(), e["int64"].to_list()), key=repr)
+        if a != b:
+            failures.append(f"key {c}: {a} != {b}")
+mpiutil.report(failures)
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_groupby_types_and_nulls_every_width(ranks):
+    for failures in run_mpi(WIDTHS, ranks, timeout=240).values(ranks):
+        assert failures == [], "\n".join(failures[:8])

@@ -1,0 +1,79 @@
+"""RP's own processes yield the CPU to a running task (executors/radical/priority.py), and a
+task's walltime counts from its ranks' start (docs/api.md), on the shared pilot."""
+import os
+import time
+
+import psutil
+import pytest
+
+import hetflow
+from hetflow.executors.radical import lowprio as _lowprio
+from hetflow.executors.radical import session_processes
+from hetflow.executors.radical.priority import daemon_sessions
+
+
+def _group_nice(pid: int) -> int:
+    with open(f"/proc/{pid}/autogroup") as fh:
+        return int(fh.read().split()[-1])
+
+
+@hetflow.mpi_app(ranks=2, returns="all")
+def priorities_while_running(comm, marker):
+    """Wait until the client has looked (``marker`` exists), then report this rank's
+    group's nice, the running thread's nice, and the other threads' nices."""
+    import threading
+
+    deadline = time.time() + 120
+    while not os.path.exists(marker) and time.time() < deadline:
+        time.sleep(0.05)
+    me = threading.get_native_id()
+    others = {os.getpriority(os.PRIO_PROCESS, tid) for tid in _lowprio.thread_ids(os.getpid())
+              if tid != me}
+    return _group_nice(os.getpid()), os.getpriority(os.PRIO_PROCESS, me), sorted(others)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="no autogroups here")
+@pytest.mark.on_shared_runtime("radical")
+def test_rp_daemons_yield_the_cpu_to_a_running_task_and_get_it_back(shared_executor, tmp_path):
+    ex = shared_executor
+    base = os.path.abspath(ex.base)
+    client_sid = os.getsid(0)
+    sessions = daemon_sessions(session_processes(base), client_sid)
+    # the client's bridges and components, the agent, the master: sessions of their own
+    assert len(sessions) >= 10, sessions
+    marker = str(tmp_path / "looked")
+    future = priorities_while_running(marker)
+    deadline = time.time() + 120
+    while not ex._yielder.lowered:
+        assert time.time() < deadline and not future.done(), "RP's sessions were never lowered"
+        time.sleep(0.05)
+    lowered = {sid: _group_nice(pid) for sid, pid in
+               daemon_sessions(session_processes(base), client_sid).items()}
+    assert set(lowered.values()) == {19}, lowered
+    assert _group_nice(os.getpid()) == 0          # the client's own session is never touched
+    open(marker, "w").close()
+    ranks = future.result(timeout=120)
+    # each rank: its session at 0, the thread running the task at 0, RP's threads at 19
+    assert [(group, mine) for group, mine, _ in ranks] == [(0, 0), (0, 0)], ranks
+    assert all(19 in others for _, _, others in ranks), ranks
+    deadline = time.time() + 60
+    while ex._yielder.lowered:                    # no task runs: RP gets its CPU back
+        assert time.time() < deadline, "RP's sessions were not raised back"
+        time.sleep(0.05)
+    assert {_group_nice(pid) for pid in sessions.values() if psutil.pid_exists(pid)} == {0}
+
+
+@hetflow.mpi_app(ranks=2, walltime=600)
+def my_start(comm):
+    return psutil.Process().create_time()
+
+
+@pytest.mark.on_shared_runtime("radical")
+def test_walltime_counts_from_the_ranks_start(shared_executor):
+    # A walltime task runs as an RP executable task (fresh ranks): the kernel's launch stamp,
+    # from which its walltime counts, is its first rank's start, not its submission to RP.
+    future = my_start()
+    created = future.result(timeout=300)
+    times = hetflow.task_times(future)
+    assert times.launched >= created - 0.02, (times, created)    # /proc's clock: 10 ms ticks
+    assert times.launched <= times.started
