@@ -6,7 +6,7 @@ processes working under a directory, and remove the MPI shared-memory segments o
 ranks that died without ``MPI_Finalize`` (which would have removed them). The
 segments' names are read from the ranks' mappings *before* the kill (a dead
 process has none), or from what ranks recorded in their task dirs
-(``_rank.forget_mpi_shm_names``).
+(``_mpishm.forget_mpi_shm_names``).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class ShmSweep:
     killed still have linked, and removes them once they are dead."""
 
     def __init__(self):
-        from hetflow.executors._rank import KILLED_TREE_SHM, mapped_mpi_shm, unlink_mpi_shm
+        from hetflow.executors._mpishm import KILLED_TREE_SHM, mapped_mpi_shm, unlink_mpi_shm
 
         self._prefixes, self._mapped, self._unlink = KILLED_TREE_SHM, mapped_mpi_shm, unlink_mpi_shm
         self.paths: set = set()
@@ -86,7 +86,7 @@ def forget_recorded_shm(taskdir) -> None:
     """Once a world has ended: remove the segments its ranks on this host recorded in
     ``taskdir`` (Open MPI's, which a rank cannot unlink while its peers may attach). Only
     MPI segment paths are taken."""
-    from hetflow.executors._rank import KILLED_WORLD_SHM, unlink_mpi_shm
+    from hetflow.executors._mpishm import KILLED_WORLD_SHM, unlink_mpi_shm
 
     unlink_mpi_shm(p for p in taskdir.shm_recorded(os.uname().nodename)
                    if p.startswith(KILLED_WORLD_SHM) and "/../" not in p)

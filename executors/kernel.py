@@ -70,7 +70,7 @@ from hetflow import errors, tables
 from hetflow.apps import ARGUMENTS_KWARG
 from hetflow.errors import ConfigError, ExecutorBroken, NotSupported, ResourcesUnavailable
 from hetflow.executors import monitoring, rankio, stacks
-from hetflow.executors._rank import TaskPayload, collect
+from hetflow.executors.payload import TaskPayload, collect
 from hetflow.executors.allocation import default_slots
 from hetflow.executors.dispatch import Task, TaskQueue
 from hetflow.executors.resource_spec import InvalidResourceSpec, read_resources  # noqa: F401
@@ -295,7 +295,7 @@ class Executor(ParslExecutor):
 
     # ------------------------------------------------------------------ for runtimes
     def complete(self, task: Task, outcomes: dict, **evidence) -> None:
-        """Finish ``task`` from its ranks' outcomes (``evidence``: see ``_rank.collect``)."""
+        """Finish ``task`` from its ranks' outcomes (``evidence``: see ``payload.collect``)."""
         value, error = None, None
         try:
             value = collect(outcomes, task.id, task.resources, self.label, **evidence)

@@ -6,9 +6,9 @@ through a directory. Files, all owner-only (dirs 0700, files 0600):
 ====================  =========  =====================================================
 file                  written by  what
 ====================  =========  =====================================================
-``task.pkl``          client     the pickled :class:`~hetflow.executors._rank.TaskPayload`
+``task.pkl``          client     the pickled :class:`~hetflow.executors.payload.TaskPayload`
 ``meta.json``         client     ``{"resources": {...}, "sys_path": [...]}``
-``rank-<r>.pkl``      rank r     its :class:`~hetflow.executors._rank.RankOutcome` (atomic)
+``rank-<r>.pkl``      rank r     its :class:`~hetflow.executors.payload.RankOutcome` (atomic)
 ``pid-<r>``           rank r     its pid, so a launcher's report can be traced to a rank
 ``fault-<r>.txt``     rank r     faulthandler's stack dump on a fatal signal
 ``exit-<r>.json``     rank r     ``{"exitcode": c}`` when it called ``os._exit(c)``

@@ -66,7 +66,7 @@ def _zmq(ctx, host: str, port: int, messages, identity: bytes = b"") -> None:
 
 def _fake_outcome(task_id: int):
     """A well-formed RankOutcome saying the task's rank 0 returned 999, unsigned."""
-    from hetflow.executors._rank import RankOutcome
+    from hetflow.executors.payload import RankOutcome
 
     outcome = RankOutcome(rank=0, host=socket.gethostname(), pid=os.getpid(), ok=True,
                           started=time.time(), finished=time.time())

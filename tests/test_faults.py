@@ -19,7 +19,7 @@ import hetflow
 from bounds import RECOVERY_S
 from conftest import EXECUTOR_OPTIONS, PARITY_EXECUTORS
 from hetflow._guardian import marked_processes
-from hetflow.executors._rank import KILLED_TREE_SHM, mapped_mpi_shm
+from hetflow.executors._mpishm import KILLED_TREE_SHM, mapped_mpi_shm
 
 # Above two waits of RECOVERY_S (the kill test waits for its task, then for the next one),
 # with room for the test's own steps.

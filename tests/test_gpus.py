@@ -96,7 +96,7 @@ import os, sys
 from mpi4py import MPI
 import mpiutil
 from hetflow.executors.radical.rank import raptor_rank
-from hetflow.executors._rank import TaskPayload
+from hetflow.executors.payload import TaskPayload
 from hetflow.executors.taskdir import TaskDir
 from hetflow.spec import Resources
 

@@ -130,7 +130,8 @@ LATE_PEER = '''
 import os, sys, time
 from mpi4py import MPI
 import mpiutil
-from hetflow.executors._rank import TaskPayload, run_on_rank
+from hetflow.executors._rank import run_on_rank
+from hetflow.executors.payload import TaskPayload
 from hetflow.spec import Resources
 
 LATE_S = float(sys.argv[1])

@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent('''
     import os, sys, json
     import hetflow
     from hetflow.executors import _pickling
-    from hetflow.executors._rank import TaskPayload
+    from hetflow.executors.payload import TaskPayload
 
     SCALE = 3
 

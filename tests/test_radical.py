@@ -19,7 +19,7 @@ from conftest import shared_runtime
 from mpiutil import mpiexec
 from test_parity import mark_and_sleep, raise_on_rank_one
 from hetflow._guardian import marked_processes
-from hetflow.executors._rank import mapped_mpi_shm
+from hetflow.executors._mpishm import mapped_mpi_shm
 from hetflow.executors._forensics import launcher_named as _launcher_named
 from hetflow.executors.radical import (LOCAL_RESOURCE, RadicalExecutor, local_resource_config,
                                        session_processes)
@@ -41,7 +41,7 @@ def test_ranks_of_a_task_stopped_before_they_started_do_not_run_it(tmp_path):
     # A walltime or cancel that comes while RP's agent is still launching an executable
     # task: RP's cancel does not stop that launch (its executing component fails on it),
     # and kill_launch_of finds no rank yet. The ranks started after find the stop asked for.
-    from hetflow.executors._rank import TaskPayload
+    from hetflow.executors.payload import TaskPayload
     from hetflow.executors._supervise import KILLED_EXIT
     from hetflow.executors.taskdir import TaskDir
     from hetflow.spec import Resources

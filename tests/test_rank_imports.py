@@ -39,7 +39,7 @@ def test_unpickling_a_payload_by_reference_needs_no_cloudpickle(tmp_path):
     # What a rank does with a payload whose function pickles by reference: plain pickle.
     made = subprocess.run([sys.executable, "-c", (
         "import sys, os\n"
-        "from hetflow.executors._rank import TaskPayload\n"
+        "from hetflow.executors.payload import TaskPayload\n"
         "from hetflow.spec import Resources\n"
         "sys.stdout.buffer.write(TaskPayload(task_id=1, func=os.getpid, args=(), kwargs={},"
         " resources=Resources(ranks=2)).dumps())")], check=True, capture_output=True,
@@ -49,7 +49,7 @@ def test_unpickling_a_payload_by_reference_needs_no_cloudpickle(tmp_path):
         "import pickle, hetflow.executors._rank\n"
         "p = pickle.loads(open('task.pkl', 'rb').read())\n"
         "assert p.task_id == 1 and p.args == () and p.kwargs == {}\n"
-        "from hetflow.executors._rank import dumps\n"
+        "from hetflow.executors.payload import dumps\n"
         "assert pickle.loads(dumps(None)) is None", tmp_path)
     top = {name.split(".")[0] for name in found}
     assert not top & set(FORBIDDEN_ON_RANKS), sorted(top & set(FORBIDDEN_ON_RANKS))
@@ -77,7 +77,7 @@ def test_radical_start_probe_runs_without_the_client_stack(tmp_path):
 def test_payload_round_trip_keeps_resources():
     import pickle
 
-    from hetflow.executors._rank import TaskPayload
+    from hetflow.executors.payload import TaskPayload
     from hetflow.spec import Resources
 
     resources = Resources(ranks=3, walltime=5.0, returns="all")

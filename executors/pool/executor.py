@@ -1,8 +1,8 @@
 """hetflow's own pilot: a persistent MPI pool with a fresh communicator per task.
 
 One ``mpiexec -n N`` world starts with the executor; its ranks (workers, see
-``worker.py``) register over ZeroMQ and take tasks from the kernel's queue
-(placed by ``scheduler.PoolScheduler``). Each task runs on the ranks it was given
+:mod:`.worker`) register over ZeroMQ and take tasks from the kernel's queue
+(placed by :class:`.scheduler.PoolScheduler`). Each task runs on the ranks it was given
 through a communicator built over exactly those ranks, with the shared rank-side
 runner, so values and errors are those of every other executor. No process
 launch, no interpreter start per task.
@@ -21,13 +21,14 @@ world of N. A task past its ``walltime``, or cancelled while running, has its ra
 stopped and replaced the same way. Every such step is logged and kept in
 :attr:`PoolExecutor.events`. Tasks whose ranks died only because their whole
 world went down (not their fault) are re-queued, not failed. Who fails, who
-re-runs and what is replaced is decided in ``faults``.
+re-runs and what is replaced is decided in :mod:`.faults`.
 
 Threads. The kernel's dispatch thread takes slots for a task and calls
 :meth:`PoolExecutor._start`; that and every other request (stop, consolidate,
-release resident data) is posted to the broker thread, the single owner of the
-worlds, the slots and the ZeroMQ socket. The broker touches the kernel's
-scheduler only through the kernel's ``placement()``.
+release resident data) is posted to the broker thread (:mod:`.broker`), the single
+owner of the worlds, the slots and the ZeroMQ socket. The broker touches the kernel's
+scheduler only through the kernel's ``placement()``; slot state changes only through
+:class:`~.worlds.Worlds`' methods.
 
 Multi-node: pass ``hostfile=`` (Hydra ``-f``; lines ``host:slots``) or a launcher
 prefix such as ``launcher=["srun", "--ntasks={ranks}", "--kill-on-bad-exit=0"]``
@@ -44,33 +45,26 @@ import os
 import socket
 import sys
 import threading
-import time
 import uuid
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from hetflow import errors
-from hetflow.errors import ConfigError, ExecutorBroken, LaunchError, ResourcesUnavailable
-from hetflow.executors.pool import wire
-from hetflow.executors.pool.faults import RunningTask, settle_lost
-from hetflow.executors.pool.scheduler import PoolScheduler
-from hetflow.executors.providers import Provider, provider_for
-from hetflow.executors.pool.worlds import (TEARDOWN_GRACE_S, Slot, World, Worlds,
-                                             launcher_prefix)
-from hetflow.executors._rank import collect
-from hetflow.executors.kernel import Executor, Task
 from hetflow._progress import waiting
-from hetflow.executors.launch import default_mpiexec, tail
+from hetflow.errors import ConfigError, ExecutorBroken, LaunchError, ResourcesUnavailable
+from hetflow.executors.kernel import Executor, Task
+from hetflow.executors.launch import default_mpiexec
+from hetflow.executors.pool import wire
+from hetflow.executors.pool.broker import Broker
+from hetflow.executors.pool.scheduler import PoolScheduler
+from hetflow.executors.pool.worlds import Slot, World, Worlds, launcher_prefix
+from hetflow.executors.providers import Provider, provider_for
 from hetflow.executors.taskdir import write_private
-from hetflow.executors.watch import PEER_GRACE_S
 from hetflow.resident import find_handles
 from hetflow.spec import Resources
 
 logger = logging.getLogger(__name__)
 
-#: Distinct rank sets whose communicators a world caches (each is a few KiB).
-COMM_CACHE = 512
+__all__ = ["PoolExecutor"]
 
 
 @dataclass(eq=False)
@@ -154,22 +148,13 @@ class PoolExecutor(Executor):
         self.start_timeout = start_timeout
         self.extra_env = dict(env or {})
         self.authenticate = authenticate
-        #: Messages dropped for a wrong or missing signature (see the class docstring).
-        self.rejected = 0
         self._signer = wire.Signer(None)
         self.uid = uuid.uuid4().hex[:12]
         #: What the pool did about faults, in order (also logged as warnings).
         self.events: List[str] = []
-        self._mpi: Optional[Worlds] = None
-        self._tasks: Dict[int, Task] = {}        # broker's: tasks with ranks busy for them
-        self._inbox: deque = deque()
-        self._inbox_lock = threading.Lock()
-        self._wake_pending = False
-        self._blocked_pending = False
-        self._consolidating = False
-        self._broken: Optional[str] = None
+        self._broker: Optional[Broker] = None
+        self._mpi: Optional[Worlds] = None       # the broker's (snapshots: _worlds, _slots)
         self._thread: Optional[threading.Thread] = None
-        self._ready = threading.Event()
 
     # ------------------------------------------------------------------ kernel hooks
     def _make_scheduler(self, max_bypass: int) -> PoolScheduler:
@@ -210,8 +195,6 @@ class PoolExecutor(Executor):
         task.handle = _Run(pinned=pinned)
 
     def _start_runtime(self) -> None:
-        import zmq
-
         self.runs_on.start("pool", f"hetflow-{self.label}", self.max_ranks)
         self.launcher = self.runs_on.pool_launcher() or self.launcher
 
@@ -222,26 +205,19 @@ class PoolExecutor(Executor):
         if self._signer.key is not None:
             self._keyfile = os.path.join(self.run_root, "pool.key")
             write_private(self._keyfile, self._signer.key)
-        self._ctx = zmq.Context()
-        self._router = self._ctx.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.LINGER, 0)
-        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        port = self._router.bind_to_random_port(f"tcp://{self.address}")
-        self.endpoint = f"tcp://{self.address}:{port}"
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        self._mpi = Worlds(
-            self.run_root, self.endpoint, python=self.python, pin=self.pin, mpiexec=self.mpiexec,
-            send=self._send, lost_after_s=self.lost_after_s, env=self._world_env(),
+        self._broker = Broker(self, self.address, self._signer, lambda endpoint, send: Worlds(
+            self.run_root, endpoint, python=self.python, pin=self.pin, mpiexec=self.mpiexec,
+            send=send, lost_after_s=self.lost_after_s, env=self._world_env(),
             command=functools.partial(launcher_prefix, launcher=self.launcher,
                                       mpiexec=self.mpiexec, mpiexec_args=self.mpiexec_args,
-                                      hostfile=self.hostfile))
-        self._mpi.launch(self.max_ranks, cores=list(range(self.max_ranks)),
-                         devices=self._devices())
-        self._thread = threading.Thread(target=self._loop, name=f"{self.label}-broker", daemon=True)
+                                      hostfile=self.hostfile)))
+        self.endpoint = self._broker.endpoint
+        self._mpi = self._broker.mpi
+        self._broker.launch_full()
+        self._thread = self._broker.thread
         self._thread.start()
         with waiting("the pool's ranks to register"):
-            ready = self._ready.wait(self.start_timeout)
+            ready = self._broker.ready.wait(self.start_timeout)
         if not ready or self._broken:
             why = self._broken or (f"not all {self.max_ranks} ranks registered in "
                                    f"{self.start_timeout} s")
@@ -252,42 +228,34 @@ class PoolExecutor(Executor):
                               logs=[world.stderr] if world else ())
 
     def _start(self, task: Task) -> None:
-        self._post(("start", task))
+        self._broker.post(("start", task))
 
     def _stop(self, task: Task, error: Optional[BaseException]) -> None:
-        self._post(("stop", task))
+        self._broker.post(("stop", task))
 
     def _head_blocked(self, task: Task) -> None:
-        if not self._blocked_pending:      # one pending look is enough: it reads the head anew
-            self._blocked_pending = True
-            self._post(("blocked",))
+        self._broker.head_blocked()
 
     def _stop_runtime(self) -> None:
         try:
-            self._stop_worlds()
+            if self._broker is not None:
+                self._broker.stop()
         finally:
             self.runs_on.stop()
-
-    def _stop_worlds(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            self._post(("exit",))
-            self._thread.join(timeout=30)
-        elif self._mpi is not None:
-            self._mpi.close()
-        if self._mpi is None:
-            return
-        try:
-            self._router.close(0)
-            self._ctx.term()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
 
     # ------------------------------------------------------------------ public
     def release_resident(self, handle) -> None:
         """Drop the object behind a :class:`~hetflow.Resident` handle from its ranks."""
-        self._post(("release", handle))
+        self._broker.post(("release", handle))
+
+    @property
+    def rejected(self) -> int:
+        """Messages dropped for a wrong or missing signature (see the class docstring)."""
+        return self._broker.rejected if self._broker is not None else 0
+
+    @property
+    def _broken(self) -> Optional[str]:
+        return self._broker.broken if self._broker is not None else None
 
     @property
     def batch(self):
@@ -339,422 +307,3 @@ class PoolExecutor(Executor):
                 "HETFLOW_POOL_HEARTBEAT": str(self.heartbeat_s),
                 "HETFLOW_POOL_GPUS_PER_RANK": str(self.gpus_per_rank)}
 
-    def _devices(self):
-        """The GPU ids a new full world binds on each node (None: no GPUs, left alone)."""
-        return list(self.gpu_ids) if self.gpus else None
-
-    def _post(self, command) -> None:
-        with self._inbox_lock:
-            self._inbox.append(command)
-            wake = not self._wake_pending
-            self._wake_pending = True
-        if wake:
-            try:
-                os.write(self._wake_w, b"!")
-            except OSError:
-                pass
-
-    def _event(self, text: str) -> None:
-        self.events.append(text)
-        logger.warning("%s: %s", "pool" if self.label == "pool" else f"pool {self.label!r}", text)
-
-    # ------------------------------------------------------------------ broker loop
-    def _send(self, identity: bytes, frames, copy: bool = True) -> bool:
-        import zmq
-        try:
-            self._router.send_multipart([identity] + self._signer.sign(wire.TO_RANK, identity,
-                                                                       frames), copy=copy)
-            return True
-        except zmq.ZMQError:          # peer gone (ROUTER_MANDATORY): the monitor will notice
-            return False
-
-    def _loop(self) -> None:
-        import zmq
-
-        poller = zmq.Poller()
-        poller.register(self._router, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
-        next_check = 0.0
-        try:
-            while True:
-                busy = bool(self._tasks) or self._consolidating
-                events = dict(poller.poll(max(0, int((next_check - time.monotonic()) * 1000) + 1)))
-                if self._wake_r in events and self._drain_inbox():
-                    return
-                if self._router in events:
-                    self._drain_router()
-                now = time.monotonic()
-                if now >= next_check:
-                    self._check_health()
-                    next_check = now + (0.2 if busy else 1.0)
-        except BaseException as exc:  # a dead broker must fail every future (logged)
-            logger.exception("pool broker crashed")
-            self._broken = f"broker thread crashed: {type(exc).__name__}: {exc}"
-            self._ready.set()
-            self._fail_all()
-            self._mpi.close()
-
-    def _drain_inbox(self) -> bool:
-        """Run what other threads asked for; True when told to exit."""
-        try:
-            os.read(self._wake_r, 4096)
-        except (BlockingIOError, OSError):
-            pass
-        with self._inbox_lock:
-            commands = list(self._inbox)
-            self._inbox.clear()
-            self._wake_pending = False
-        for kind, *args in commands:
-            if kind == "start":
-                self._dispatch(*args)
-            elif kind == "stop":
-                self._on_stop(*args)
-            elif kind == "peers":
-                self._on_peer_grace(*args)
-            elif kind == "blocked":
-                self._blocked_pending = False
-                self._unblock()
-            elif kind == "release":
-                for slot_id in args[0].slots:
-                    slot = self._mpi.slots.get(slot_id)
-                    if slot is not None and slot.alive:
-                        self._send(slot.identity, [wire.DROP, args[0].key.encode()])
-            elif kind == "exit":
-                self._mpi.close()
-                return True
-        return False
-
-    def _drain_router(self) -> None:
-        import zmq
-
-        while True:
-            try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            identity = frames[0]
-            message = self._signer.check(wire.TO_POOL, identity, frames[1:])
-            if message is None:
-                self._reject(identity)
-                continue
-            try:
-                self._on_message(identity, message)
-            except Exception as exc:  # noqa: BLE001 - a signed but malformed message
-                self._malformed(identity, message[0], exc)
-
-    def _on_message(self, identity: bytes, message: list) -> None:
-        kind = message[0]
-        if kind == wire.HEARTBEAT:
-            slot = self._mpi.slot_of(identity)
-            if slot is not None:
-                slot.last_seen = time.monotonic()
-            self._send(identity, [wire.HEARTBEAT_ACK])
-        elif kind == wire.OUTCOME:
-            if len(message) != 4:
-                raise ValueError(f"{len(message) - 1} frame(s) after the kind, not 3")
-            self._on_outcome(identity, *wire.read_outcome(*message[1:]))
-        elif kind == wire.REGISTER:
-            if len(message) != 2:
-                raise ValueError(f"{len(message) - 1} frame(s) after the kind, not 1")
-            self._register(identity, wire.read_register(message[1]))
-        else:
-            raise ValueError(f"unknown message kind {kind[:16]!r}")
-
-    def _reject(self, identity: bytes) -> None:
-        """An unsigned (or wrongly signed) message: dropped unread, counted, logged once."""
-        self.rejected += 1
-        if self.rejected == 1:
-            logger.warning("%s: dropped a message that was not signed with the runtime's "
-                           "key (peer identity %r); later ones are only counted in "
-                           "executor.rejected", "pool" if self.label == "pool" else f"pool {self.label!r}",
-                           identity[:40])
-
-    def _malformed(self, identity: bytes, kind: bytes, exc: Exception) -> None:
-        """A rank signed a message it should not have sent: the rank is broken. Its task
-        fails with TaskLost, and the rank is stopped and replaced like a dead one."""
-        slot = self._mpi.slot_of(identity)
-        why = f"rank sent a malformed {bytes(kind[:16])!r} message ({type(exc).__name__}: {exc})"
-        if slot is None or not slot.alive:
-            self._event(f"unregistered peer {identity[:40]!r}: {why}; ignored")
-            return
-        self._mpi.kill(slot)
-        self._lost([slot.id], why)
-
-    # ------------------------------------------------------------------ slots (under the lock)
-    def _free(self, slot_ids) -> None:
-        """Give idle slots back to the queue (not those of a retiring world, nor dead ones)."""
-        free = [s for s in slot_ids if self._mpi.slots[s].alive
-                and not self._mpi.worlds[self._mpi.slots[s].world].retiring]
-        if free:
-            self.release(free)
-
-    def _register(self, identity: bytes, info: dict) -> None:
-        slot = self._mpi.register(identity, info)
-        if slot is None:
-            return
-        with self.placement() as scheduler:
-            scheduler.add_slot(slot.id, slot.world, slot.host, slot.wrank,
-                               gpu=bool(slot.devices))
-        self.release([slot.id])
-        world = self._mpi.worlds[slot.world]
-        if world.id == 0 and not world.unregistered:
-            self._ready.set()
-
-    def _remove_slots(self, slot_ids) -> None:
-        with self.placement(wake=True) as scheduler:   # the head may be blocked for good now
-            for slot_id in slot_ids:
-                scheduler.remove_slot(slot_id)
-
-    # ------------------------------------------------------------------ running tasks
-    def _dispatch(self, task: Task) -> None:
-        """Send a task the kernel placed to its ranks."""
-        slots = [self._mpi.slots.get(s) for s in task.slots]
-        if task.done:                       # cancelled (or shut down) on its way here
-            self._free([s.id for s in slots if s is not None])
-            return
-        if any(s is None or not s.alive for s in slots):
-            # Its ranks were lost (or retired) between placement and here: it never ran.
-            self._free([s.id for s in slots if s is not None])
-            self.requeue(task)
-            return
-        world = self._mpi.worlds[slots[0].world]
-        ranks = tuple(s.wrank for s in slots)
-        cache = ranks in world.comm_keys or len(world.comm_keys) < COMM_CACHE
-        if cache:
-            world.comm_keys.add(ranks)
-        frames = wire.task_frames(task.id, ranks, tuple(task.slots), cache,
-                                  world.comm_generation.get(ranks, 0),
-                                  task.resources.cores_per_rank, task.payload)
-        copy = len(task.payload) < wire.ZERO_COPY_BYTES
-        task.handle.outcomes = {}
-        self._tasks[task.id] = task
-        unreachable = []
-        for slot in slots:
-            slot.task = task.id
-            if not self._send(slot.identity, frames, copy=copy):
-                unreachable.append(slot.id)
-        if unreachable:   # the rank vanished since it last spoke: same as a death under the task
-            self._lost(unreachable, "rank unreachable when the task was sent", collateral=True)
-
-    def _on_outcome(self, identity: bytes, task_id: int, outcome) -> None:
-        slot = self._mpi.slot_of(identity)
-        if slot is None:
-            return
-        slot.last_seen = time.monotonic()
-        task = self._tasks.get(task_id)
-        if slot.task == task_id and task is not None:
-            slot.task = None
-            if not outcome.ok:              # before the slot is free for another task
-                self._retire_comm(task)
-            self._free([slot.id])
-            run: _Run = task.handle
-            outcome.rank = task.slots.index(slot.id)
-            run.outcomes[outcome.rank] = outcome
-            if len(run.outcomes) == len(task.slots):
-                self._deliver(task)
-                self._forget(task)
-            elif not outcome.ok and not task.done:
-                # A rank raised: that is the task's result. Its peers may wait in a
-                # collective for it; those still busy after the grace are stopped.
-                self._deliver(task)
-                run.peer_grace = self.call_later(
-                    PEER_GRACE_S, lambda: self._post(("peers", task)))
-        self._try_finish_consolidation()
-
-    def _retire_comm(self, task: Task) -> None:
-        """A rank failed the task: its ranks never use that task's communicator again (a
-        peer's unreceived message may wait on it), each creating a new one next time."""
-        slots = [self._mpi.slots[s] for s in task.slots]
-        world = self._mpi.worlds.get(slots[0].world)
-        if world is not None:
-            ranks = tuple(s.wrank for s in slots)
-            world.comm_generation[ranks] = world.comm_generation.get(ranks, 0) + 1
-
-    def _deliver(self, task: Task, deaths=None, lost: str = "") -> None:
-        """Deliver the task's result from its ranks' outcomes (``lost``: the ranks it lost)."""
-        run: _Run = task.handle
-        value, error = None, None
-        detail = f"; lost {lost}; the pool replaces the lost rank(s)" if lost else ""
-        try:
-            value = collect(run.outcomes, task.id, task.resources, self.label, deaths=deaths,
-                            detail=detail)
-        except BaseException as exc:  # noqa: BLE001 - the task's typed error
-            error = exc
-        self.finish(task, value, error, root=run.outcomes.get(0), release=False)
-
-    def _forget(self, task: Task) -> None:
-        """Drop the broker's record of a delivered task once none of its ranks is busy for it."""
-        if not any(self._mpi.slots[s].task == task.id for s in task.slots):
-            if task.handle.peer_grace is not None:
-                task.handle.peer_grace.cancel()
-            self._tasks.pop(task.id, None)
-
-    def _busy_for(self, task: Task) -> List[int]:
-        slots = self._mpi.slots
-        return [s for s in task.slots if slots[s].alive and slots[s].task == task.id]
-
-    def _on_stop(self, task: Task) -> None:
-        """The kernel's verdict (walltime, cancel, shutdown): stop the ranks, deliver it."""
-        if self._tasks.get(task.id) is task:
-            victims = self._busy_for(task)
-            if victims:
-                why = str(task.error).splitlines()[0] if task.error else f"task {task.id} stopped"
-                self._stop_ranks(task, victims, why)
-        self.dequeue(task)                 # re-queued meanwhile: it stops all the same
-        if task.error is not None:
-            self.finish(task, release=False)
-        else:
-            self._deliver(task)
-        if self._tasks.get(task.id) is task:
-            self._forget(task)
-
-    def _on_peer_grace(self, task: Task) -> None:
-        if self._tasks.get(task.id) is not task:
-            return
-        stuck = self._busy_for(task)
-        if stuck:
-            self._stop_ranks(task, stuck, f"rank(s) of failed task {task.id} still waited for "
-                             f"their peers {PEER_GRACE_S} s after it failed")
-        self._forget(task)
-
-    def _stop_ranks(self, task: Task, victims: List[int], why: str) -> None:
-        """Kill ranks busy for ``task`` (MPI cannot interrupt them) and replace them."""
-        for slot_id in victims:
-            self._mpi.kill(self._mpi.slots[slot_id])
-        self._lost(victims, why, blame=task.id)
-
-    # ------------------------------------------------------------------ faults
-    def _lost(self, slot_ids: List[int], why: str, *, collateral: bool = False,
-              blame: Optional[int] = None) -> None:
-        """Ranks are gone: settle their tasks (see ``faults``) and start replacements."""
-        busy = {s.id: s.task for s in self._mpi.slots.values() if s.alive and s.task is not None}
-        running = {busy[s]: self._tasks[busy[s]] for s in slot_ids
-                   if s in busy and busy[s] in self._tasks}
-        plan = settle_lost(
-            slot_ids, busy,
-            {tid: RunningTask(tuple(t.slots), t.done, t.handle.requeues)
-             for tid, t in running.items()},
-            self._mpi.evidence([t.slots for t in running.values()], slot_ids),
-            collateral=collateral, blame=blame)
-        for slot_id in plan.stop:
-            self._mpi.kill(self._mpi.slots[slot_id])
-        for slot_id in plan.lost:
-            self._mpi.slots[slot_id].alive = False
-            self._mpi.slots[slot_id].task = None
-        self._remove_slots(plan.lost)
-        for task_id in plan.forget:
-            self._forget(running[task_id])
-        for task_id in plan.requeue:
-            task = running[task_id]
-            task.handle.requeues += 1
-            self._event(f"task {task_id} lost its ranks when world "
-                        f"{self._mpi.slots[plan.dead[task_id][0]].world} went down ({why}); "
-                        f"re-queued (attempt {task.handle.requeues + 1})")
-            self._tasks.pop(task_id, None)
-            self.requeue(task)
-        if plan.lost and not self.stopping and not self._consolidating:
-            # The replacement's ranks take over the lost ranks' cores and devices (these
-            # first: a world binds its devices to its first local ranks).
-            lost = sorted(plan.lost, key=lambda s: not self._mpi.slots[s].devices)
-            cores = [c for c in (self._mpi.slots[s].core for s in lost) if c is not None]
-            devices = [d for s in lost for d in self._mpi.slots[s].devices.split(",") if d]
-            world = self._mpi.launch(len(lost), cores=cores,
-                                     devices=devices if self.gpus else None)
-            self._event(f"{len(plan.lost)} rank(s) lost ({why}): started replacement world "
-                        f"{world.id} of {len(plan.lost)} rank(s)")
-        for task_id, deaths in plan.fail.items():   # last: the replacement is under way
-            task = running[task_id]
-            desc = ", ".join(f"pool slot {s} (world {self._mpi.slots[s].world} rank "
-                             f"{self._mpi.slots[s].wrank}, pid {self._mpi.slots[s].pid})"
-                             for s in plan.dead[task_id])
-            self._event(f"task {task_id}: {desc} died ({why}); task failed, rank(s) replaced")
-            self._deliver(task, deaths, lost=f"{desc} ({why})")
-            self._forget(task)
-
-    def _check_health(self) -> None:
-        now = time.monotonic()
-        for world in list(self._mpi.worlds.values()):
-            if self._mpi.overdue(world, now, self.start_timeout):
-                self._event(f"world {world.id} did not register its {world.size} rank(s) within "
-                            f"{self.start_timeout} s; stopped it:\n{tail(world.stderr)}")
-                self._mpi.stop(world)
-            exited = world.proc.poll() is not None
-            if exited and world.unregistered and not world.retiring:
-                text = tail(world.stderr)
-                if world.id == 0 and not self._ready.is_set():
-                    self._broken = (f"the MPI world exited ({world.proc.returncode}) before its "
-                                    f"ranks registered:\n{text}")
-                    self._ready.set()
-                    return
-                self._event(f"replacement world {world.id} exited (code {world.proc.returncode}) "
-                            f"with {world.unregistered} rank(s) unregistered:\n{text}")
-            dead = [s.id for s in self._mpi.slots_of(world)
-                    if s.alive and (exited or self._mpi.dead(world, s, now))]
-            if dead and not exited:
-                # Ranks their launcher took down: the world is going down (Hydra ends it
-                # once a second rank died). Their tasks are not to blame: wait for the
-                # launcher's exit, which makes them collateral (re-queued) below.
-                down = [s for s in dead if self._mpi.taken_down(world, self._mpi.slots[s])]
-                if down:
-                    world.going_down = world.going_down or now
-                    if now - world.going_down < TEARDOWN_GRACE_S:
-                        dead = [s for s in dead if s not in down]
-            if dead:
-                self._lost(dead, f"world {world.id} exited (code {world.proc.returncode})"
-                           if exited else "rank process died", collateral=exited)
-            if exited and not any(s.alive for s in self._mpi.slots_of(world)):
-                self._remove_slots(self._mpi.drop(world))
-        if not self._mpi.worlds and not self.stopping and not self._consolidating:
-            self._broken = "every MPI world of the pool is gone"
-            self._fail_all()
-
-    def _fail_all(self) -> None:
-        """The pool is broken: every task it holds, queued or running, fails."""
-        self.fail_all(lambda task: ExecutorBroken(
-            f"pool {self.label!r} is broken: {self._broken}"), release=False)
-        self._tasks.clear()
-
-    # ------------------------------------------------------------------ blocked head
-    def _unblock(self) -> None:
-        """The queue's head cannot run now: fail it if it never can; consolidate if needed."""
-        with self.placement() as scheduler:
-            head = scheduler.head()
-            gpu = head is not None and bool(head[0].resources.gpus_per_rank)
-            sizes = scheduler.world_sizes(gpu=gpu)
-        if head is None or self.stopping:
-            return
-        task, need = head[0], head[1]
-        pinned = task.handle.pinned
-        if pinned is not None:
-            lost = [s for s in pinned if s not in self._mpi.slots or not self._mpi.slots[s].alive]
-            if lost:
-                if self.dequeue(task):
-                    self.finish(task, error=errors.resident_lost(task.id, self.label, pinned,
-                                                                  lost))
-            return
-        if max(sizes.values(), default=0) >= need or self._mpi.starting():
-            return
-        if not self._consolidating:
-            self._consolidating = True
-            self._event(f"task {task.id} needs {need} {'GPU ' if gpu else ''}ranks but the "
-                        f"largest world has "
-                        f"{max(sizes.values(), default=0)} (worlds: {sizes}): draining and "
-                        f"restarting the pool as one world of {self.max_ranks} ranks "
-                        "(resident data on the old ranks is lost)")
-            with self.placement() as scheduler:
-                for world in self._mpi.worlds.values():
-                    world.retiring = True
-                    scheduler.hold(world.slot_ids.values())
-        self._try_finish_consolidation()
-
-    def _try_finish_consolidation(self) -> None:
-        if not self._consolidating or self.stopping:
-            return
-        if any(s.task is not None and s.alive for s in self._mpi.slots.values()
-               if s.world in self._mpi.worlds):
-            return
-        for world in list(self._mpi.worlds.values()):
-            self._remove_slots(self._mpi.retire(world))
-        self._consolidating = False
-        self._mpi.launch(self.max_ranks, cores=list(range(self.max_ranks)),
-                         devices=self._devices())

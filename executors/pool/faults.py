@@ -6,17 +6,23 @@ died and how), run it again (it lost its ranks through no fault of its own), or
 only forget it (its result was already delivered, or the pool stopped these very
 ranks for it). A failed or re-run task's other ranks are stopped too: they may
 wait in a collective forever, and MPI cannot interrupt them. Every lost rank is
-replaced. :func:`settle_lost` makes that decision; ``pool.py`` carries it out.
+replaced. :func:`settle_lost` makes that decision; :func:`lose` carries it out on the
+broker thread, and :func:`check_health` finds the lost ranks.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from hetflow.executors.launch import tail
 from hetflow.executors.taskdir import Deaths, describe
 
 #: How often a task lost through no fault of its own is re-queued before it fails.
 MAX_REQUEUES = 3
+#: How long the pool waits for a world's launcher to exit once a rank of it was taken
+#: down by it (see :meth:`.worlds.Worlds.taken_down`), before it treats the rank as simply dead.
+TEARDOWN_GRACE_S = 10.0
 
 Death = Tuple[str, str]
 
@@ -46,7 +52,7 @@ class Settlement:
     dead: Dict[int, List[int]] = field(default_factory=dict)
     #: Tasks to queue again, first.
     requeue: List[int] = field(default_factory=list)
-    #: Task -> how its ranks died, by task rank in rank order (``_rank.collect``'s ``deaths``).
+    #: Task -> how its ranks died, by task rank in rank order (``payload.collect``'s ``deaths``).
     fail: Dict[int, Deaths] = field(default_factory=dict)
     #: Tasks whose lost ranks need nothing more (delivered already, or stopped for them).
     forget: List[int] = field(default_factory=list)
@@ -77,7 +83,7 @@ def settle_lost(lost: Sequence[int], busy: Mapping[int, int], tasks: Mapping[int
         if task.done or task_id == blame:
             plan.forget.append(task_id)
             continue
-        # Cause first (as ``_rank.collect`` reads it): ranks with evidence in the order
+        # Cause first (as ``payload.collect`` reads it): ranks with evidence in the order
         # the evidence gives (earliest end first), then lost ranks that left none. A rank
         # killed from outside is named although a peer that died of its loss, with no
         # record yet, has the lower rank.
@@ -112,3 +118,93 @@ def rank_death(recorded: Optional[Death], status: Optional[dict]) -> Optional[De
     if status and status.get("signal") and "signal" not in what:
         what = f"{what}, {describe(status)}"
     return what, text
+
+
+# ---------------------------------------------------------------------- carried out
+def lose(broker, slot_ids: List[int], why: str, *, collateral: bool = False,
+         blame: Optional[int] = None) -> None:
+    """Ranks are gone: settle their tasks (:func:`settle_lost`) and start replacements, on
+    the pool's broker thread (``broker``: its :class:`~.broker.Broker`)."""
+    busy = broker.mpi.busy()
+    running = {busy[s]: broker.tasks[busy[s]] for s in slot_ids
+               if s in busy and busy[s] in broker.tasks}
+    plan = settle_lost(
+        slot_ids, busy,
+        {tid: RunningTask(tuple(t.slots), t.done, t.handle.requeues)
+         for tid, t in running.items()},
+        broker.mpi.evidence([t.slots for t in running.values()], slot_ids),
+        collateral=collateral, blame=blame)
+    slots = broker.mpi.slots
+    for slot_id in plan.stop:
+        broker.mpi.kill(slots[slot_id])
+    broker.mpi.mark_lost(plan.lost)
+    broker.remove_slots(plan.lost)
+    for task_id in plan.forget:
+        broker.forget(running[task_id])
+    for task_id in plan.requeue:
+        task = running[task_id]
+        task.handle.requeues += 1
+        broker.event(f"task {task_id} lost its ranks when world "
+                           f"{slots[plan.dead[task_id][0]].world} went down ({why}); "
+                           f"re-queued (attempt {task.handle.requeues + 1})")
+        broker.tasks.pop(task_id, None)
+        broker.pool.requeue(task)
+    if plan.lost and not broker.pool.stopping and not broker.consolidating:
+        # The replacement's ranks take over the lost ranks' cores and devices (these
+        # first: a world binds its devices to its first local ranks).
+        lost = sorted(plan.lost, key=lambda s: not slots[s].devices)
+        cores = [c for c in (slots[s].core for s in lost) if c is not None]
+        devices = [d for s in lost for d in slots[s].devices.split(",") if d]
+        world = broker.mpi.launch(len(lost), cores=cores,
+                                  devices=devices if broker.pool.gpus else None)
+        broker.event(f"{len(plan.lost)} rank(s) lost ({why}): started replacement "
+                           f"world {world.id} of {len(plan.lost)} rank(s)")
+    for task_id, deaths in plan.fail.items():   # last: the replacement is under way
+        task = running[task_id]
+        desc = ", ".join(f"pool slot {s} (world {slots[s].world} rank "
+                         f"{slots[s].wrank}, pid {slots[s].pid})"
+                         for s in plan.dead[task_id])
+        broker.event(f"task {task_id}: {desc} died ({why}); task failed, rank(s) "
+                           "replaced")
+        broker.deliver(task, deaths, lost=f"{desc} ({why})")
+        broker.forget(task)
+
+
+def check_health(broker) -> None:
+    """Find dead ranks and ended worlds (:meth:`~.worlds.Worlds.dead`), and settle them."""
+    now = time.monotonic()
+    timeout = broker.pool.start_timeout
+    for world in list(broker.mpi.worlds.values()):
+        if broker.mpi.overdue(world, now, timeout):
+            broker.event(f"world {world.id} did not register its {world.size} rank(s) "
+                               f"within {timeout} s; stopped it:\n{tail(world.stderr)}")
+            broker.mpi.stop(world)
+        exited = world.proc.poll() is not None
+        if exited and world.unregistered and not world.retiring:
+            text = tail(world.stderr)
+            if world.id == 0 and not broker.ready.is_set():
+                broker.broken = (f"the MPI world exited ({world.proc.returncode}) before its "
+                                 f"ranks registered:\n{text}")
+                broker.ready.set()
+                return
+            broker.event(f"replacement world {world.id} exited (code "
+                               f"{world.proc.returncode}) with {world.unregistered} rank(s) "
+                             f"unregistered:\n{text}")
+        dead = [s.id for s in broker.mpi.slots_of(world)
+                if s.alive and (exited or broker.mpi.dead(world, s, now))]
+        if dead and not exited:
+            # Ranks their launcher took down: the world is going down (Hydra ends it
+            # once a second rank died). Their tasks are not to blame: wait for the
+            # launcher's exit, which makes them collateral (re-queued) below.
+            down = [s for s in dead if broker.mpi.taken_down(world, broker.mpi.slots[s])]
+            if down and now - broker.mpi.going_down_since(world, now) < TEARDOWN_GRACE_S:
+                dead = [s for s in dead if s not in down]
+        if dead:
+            why = f"world {world.id} exited (code {world.proc.returncode})" if exited else \
+                "rank process died"
+            lose(broker, dead, why, collateral=exited)
+        if exited and not any(s.alive for s in broker.mpi.slots_of(world)):
+            broker.remove_slots(broker.mpi.drop(world))
+    if not broker.mpi.worlds and not broker.pool.stopping and not broker.consolidating:
+        broker.broken = "every MPI world of the pool is gone"
+        broker.fail_all()

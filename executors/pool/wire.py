@@ -171,7 +171,7 @@ def outcome_frames(task_id: int, outcome) -> list:
 def read_outcome(id_frame: bytes, outcome_frame: bytes, value: bytes):
     """``(task_id, outcome)`` from an :data:`OUTCOME` message's frames, its value restored
     (only ever called on an authenticated message; a malformed one raises)."""
-    from hetflow.executors._rank import RankOutcome
+    from hetflow.executors.payload import RankOutcome
 
     if len(id_frame) != 8:
         raise ValueError(f"task id frame of {len(id_frame)} bytes")

@@ -116,7 +116,8 @@ def main(argv=None) -> int:
     from mpi4py import MPI
 
     from hetflow import resident
-    from hetflow.executors._rank import forget_mpi_shm_names, release_comm, run_on_rank
+    from hetflow.executors._mpishm import forget_mpi_shm_names
+    from hetflow.executors._rank import release_comm, run_on_rank
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -193,7 +194,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the importable module so outcomes pickle as hetflow.executors._rank.*
+    # Run the importable module, not a second copy of it as __main__
     from hetflow.executors.pool import worker
 
     sys.exit(worker.main())

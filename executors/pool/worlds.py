@@ -27,9 +27,6 @@ from hetflow.executors.taskdir import PRIVATE_UMASK, TaskDir, private_dir
 from hetflow.executors.watch import EVIDENCE_GRACE_S
 
 
-#: How long the pool waits for a world's launcher to exit once a rank of it was taken
-#: down by it (see :meth:`Worlds.taken_down`), before it treats the rank as simply dead.
-TEARDOWN_GRACE_S = 10.0
 #: How long a rank told to exit (:meth:`Worlds.kill`) may take before it is SIGKILLed.
 KILL_GRACE_S = 1.0
 
@@ -172,6 +169,74 @@ class Worlds:
     def slots_of(self, world: World) -> List[Slot]:
         return [self.slots[s] for s in world.slot_ids.values()]
 
+    # ------------------------------------------------------------------ slot state
+    # The only place that changes a slot's or a world's fields: the broker asks.
+    def heard_from(self, slot: Slot) -> None:
+        slot.last_seen = time.monotonic()
+
+    def assign(self, slot_ids: Sequence[int], task_id: int) -> None:
+        """The task's ranks are busy for it from now on."""
+        for slot_id in slot_ids:
+            self.slots[slot_id].task = task_id
+
+    def vacate(self, slot: Slot) -> None:
+        """The rank reported its task's outcome: idle again."""
+        slot.task = None
+
+    def mark_lost(self, slot_ids: Sequence[int]) -> None:
+        """The ranks are gone for good (their tasks settled elsewhere)."""
+        for slot_id in slot_ids:
+            self.slots[slot_id].alive = False
+            self.slots[slot_id].task = None
+
+    def usable(self, slot_id: int) -> bool:
+        """A live rank of a world that is not retiring: it may take tasks."""
+        slot = self.slots[slot_id]
+        return slot.alive and not self.worlds[slot.world].retiring
+
+    def busy(self) -> Dict[int, int]:
+        """Live ranks busy for a task: slot -> task id."""
+        return {s.id: s.task for s in self.slots.values() if s.alive and s.task is not None}
+
+    def busy_for(self, task_id: int, slot_ids: Sequence[int]) -> List[int]:
+        """Those of ``slot_ids`` still alive and busy for ``task_id``."""
+        return [s for s in slot_ids if self.slots[s].alive and self.slots[s].task == task_id]
+
+    def any_busy(self) -> bool:
+        """A live rank of a live world runs a task."""
+        return any(s.task is not None and s.alive for s in self.slots.values()
+                   if s.world in self.worlds)
+
+    def communicator(self, slot_ids: Sequence[int], cache_size: int) -> Tuple[tuple, bool, int]:
+        """``(world ranks, cache, generation)`` of the communicator a task on ``slot_ids``
+        runs on: ranks cache the communicators of up to ``cache_size`` rank sets per world."""
+        world = self.worlds[self.slots[slot_ids[0]].world]
+        ranks = tuple(self.slots[s].wrank for s in slot_ids)
+        cache = ranks in world.comm_keys or len(world.comm_keys) < cache_size
+        if cache:
+            world.comm_keys.add(ranks)
+        return ranks, cache, world.comm_generation.get(ranks, 0)
+
+    def retire_communicator(self, slot_ids: Sequence[int]) -> None:
+        """A rank failed the task on ``slot_ids``: its ranks never use that communicator
+        again (a peer's unreceived message may wait on it), each creating a new one next
+        time."""
+        world = self.worlds.get(self.slots[slot_ids[0]].world)
+        if world is not None:
+            ranks = tuple(self.slots[s].wrank for s in slot_ids)
+            world.comm_generation[ranks] = world.comm_generation.get(ranks, 0) + 1
+
+    def retire_all(self) -> List[int]:
+        """Every world is to be drained and ended (consolidation); their slot ids."""
+        for world in self.worlds.values():
+            world.retiring = True
+        return [s for world in self.worlds.values() for s in world.slot_ids.values()]
+
+    def going_down_since(self, world: World, now: float) -> float:
+        """When a rank of ``world`` was first seen taken down by its launcher."""
+        world.going_down = world.going_down or now
+        return world.going_down
+
     def starting(self) -> int:
         """Ranks of live worlds that have not registered yet."""
         return sum(w.unregistered for w in self.worlds.values() if not w.retiring)
@@ -210,7 +275,7 @@ class Worlds:
         MPICH 5.0.2): its other ranks go down through no fault of their own, a moment
         before the launcher itself exits. (A rank killed on its own leaves its supervisor
         to record the signal; one stopped with its supervisor from outside is treated as
-        taken down until :data:`TEARDOWN_GRACE_S` has passed without the launcher exiting.)"""
+        taken down until :data:`.faults.TEARDOWN_GRACE_S` has passed without the launcher exiting.)"""
         return (slot.host == self.hostname and bool(slot.supervisor)
                 and ended(slot.supervisor) and world.taskdir.load_status(slot.pid) is None
                 and slot.wrank not in world.taskdir.own_deaths())

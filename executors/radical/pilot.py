@@ -19,7 +19,7 @@ from hetflow._private import tighten
 from hetflow._progress import waiting
 from hetflow.errors import LaunchError
 from hetflow.executors._forensics import kill_tree
-from hetflow.executors._rank import TaskPayload
+from hetflow.executors.payload import TaskPayload
 from hetflow.executors.radical.rank import noop
 from hetflow.executors.radical.hygiene import (client_children, end_leftovers, import_rp,
                                            release_client_handles, restore_environment,

@@ -5,7 +5,7 @@ MPICH removes those segments (``/dev/shm/mpich_shm_*``, one per node of the work
 ``MPI_Finalize``, which the ranks of a worker hetflow kills (a lost rank, a cancel, the close)
 never reach: each killed worker left them there, RAM until the node reboots. hetflow's other
 rank runners unlink the names once every rank has mapped the segments
-(``hetflow.executors._rank.forget_mpi_shm_names``); here that point is the end of RP's
+(``hetflow.executors._mpishm.forget_mpi_shm_names``); here that point is the end of RP's
 ``MPIWorker.__init__``, which every rank runs after ``MPI_Init`` (which waits for all ranks)
 and which ends in a broadcast over the whole world. Every rank does it, so every node's
 segment goes, whether or not a task ever reaches that node's ranks.
@@ -36,8 +36,8 @@ import time
 import radical.pilot as rp
 from mpi4py import MPI
 
+from hetflow.executors._mpishm import unlink_mapped_mpi_shm
 from hetflow.executors.radical import lowprio as _lowprio
-from hetflow.executors._rank import unlink_mapped_mpi_shm
 
 #: Seconds between the polls of a rank waiting for its peers at the worker's start.
 _POLL_S = 0.01

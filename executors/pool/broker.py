@@ -1,0 +1,409 @@
+"""The pool's broker: one thread, the single owner of the worlds, their slots and the socket.
+
+Every request of another thread (the kernel's dispatch: start or stop a task; a blocked
+queue head; a resident object to drop) is posted to the broker's inbox; the broker runs
+it, reads what the ranks send (registrations, outcomes, heartbeats: :mod:`.wire`), and
+looks at the worlds' health every so often. It changes slot state only through
+:class:`~.worlds.Worlds`' methods, and touches the kernel's scheduler only through the
+kernel's ``placement()``. What becomes of the tasks on lost ranks is decided in
+:mod:`.faults` and carried out here.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from typing import Callable, Dict, List, Optional
+
+from hetflow import errors
+from hetflow.errors import ExecutorBroken
+from hetflow.executors.payload import collect
+from hetflow.executors.kernel import Task
+from hetflow.executors.pool import wire
+from hetflow.executors.pool.faults import check_health, lose
+from hetflow.executors.pool.worlds import Worlds
+from hetflow.executors.watch import PEER_GRACE_S
+
+logger = logging.getLogger(__name__)
+
+#: Distinct rank sets whose communicators a world caches (each is a few KiB).
+COMM_CACHE = 512
+
+
+class Broker:
+    """The pool's broker thread (see the module docstring). ``pool``: its
+    :class:`~.executor.PoolExecutor`, whose kernel methods deliver, requeue and place;
+    ``worlds(endpoint, send)`` makes the :class:`Worlds` once the socket is bound."""
+
+    def __init__(self, pool, address: str, signer: wire.Signer,
+                 worlds: Callable[[str, Callable[..., bool]], Worlds]):
+        import zmq
+
+        self.pool = pool
+        self.signer = signer
+        #: Messages dropped for a wrong or missing signature.
+        self.rejected = 0
+        self.broken: Optional[str] = None
+        self.tasks: Dict[int, Task] = {}        # tasks with ranks busy for them
+        self.consolidating = False
+        self.ready = threading.Event()
+        self._inbox: deque = deque()
+        self._inbox_lock = threading.Lock()
+        self._wake_pending = False
+        self._blocked_pending = False
+        self._ctx = zmq.Context()
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        port = self._router.bind_to_random_port(f"tcp://{address}")
+        self.endpoint = f"tcp://{address}:{port}"
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self.mpi = worlds(self.endpoint, self.send)
+        self.thread = threading.Thread(target=self._loop, name=f"{pool.label}-broker",
+                                       daemon=True)
+
+    # ------------------------------------------------------------------ other threads
+    def post(self, command) -> None:
+        """Ask the broker thread to run ``command`` (a tuple: kind, arguments)."""
+        with self._inbox_lock:
+            self._inbox.append(command)
+            wake = not self._wake_pending
+            self._wake_pending = True
+        if wake:
+            try:
+                os.write(self._wake_w, b"!")
+            except OSError:
+                pass
+
+    def head_blocked(self) -> None:
+        if not self._blocked_pending:      # one pending look is enough: it reads the head anew
+            self._blocked_pending = True
+            self.post(("blocked",))
+
+    def stop(self) -> None:
+        """End the thread (it closes the worlds), then the socket."""
+        if self.thread.is_alive():
+            self.post(("exit",))
+            self.thread.join(timeout=30)
+        else:
+            self.mpi.close()
+        try:
+            self._router.close(0)
+            self._ctx.term()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+
+    def event(self, text: str) -> None:
+        """Note what the pool did about a fault (``PoolExecutor.events``, and the log)."""
+        self.pool.events.append(text)
+        label = self.pool.label
+        logger.warning("%s: %s", "pool" if label == "pool" else f"pool {label!r}", text)
+
+    # ------------------------------------------------------------------ the loop
+    def send(self, identity: bytes, frames, copy: bool = True) -> bool:
+        import zmq
+        try:
+            self._router.send_multipart([identity] + self.signer.sign(wire.TO_RANK, identity,
+                                                                      frames), copy=copy)
+            return True
+        except zmq.ZMQError:          # peer gone (ROUTER_MANDATORY): the monitor will notice
+            return False
+
+    def _loop(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        next_check = 0.0
+        try:
+            while True:
+                busy = bool(self.tasks) or self.consolidating
+                events = dict(poller.poll(max(0, int((next_check - time.monotonic()) * 1000) + 1)))
+                if self._wake_r in events and self._drain_inbox():
+                    return
+                if self._router in events:
+                    self._drain_router()
+                now = time.monotonic()
+                if now >= next_check:
+                    check_health(self)
+                    next_check = now + (0.2 if busy else 1.0)
+        except BaseException as exc:  # a dead broker must fail every future (logged)
+            logger.exception("pool broker crashed")
+            self.broken = f"broker thread crashed: {type(exc).__name__}: {exc}"
+            self.ready.set()
+            self.fail_all()
+            self.mpi.close()
+
+    def _drain_inbox(self) -> bool:
+        """Run what other threads asked for; True when told to exit."""
+        try:
+            os.read(self._wake_r, 4096)
+        except (BlockingIOError, OSError):
+            pass
+        with self._inbox_lock:
+            commands = list(self._inbox)
+            self._inbox.clear()
+            self._wake_pending = False
+        for kind, *args in commands:
+            if kind == "start":
+                self._dispatch(*args)
+            elif kind == "stop":
+                self._on_stop(*args)
+            elif kind == "peers":
+                self._on_peer_grace(*args)
+            elif kind == "blocked":
+                self._blocked_pending = False
+                self._unblock()
+            elif kind == "release":
+                for slot_id in args[0].slots:
+                    slot = self.mpi.slots.get(slot_id)
+                    if slot is not None and slot.alive:
+                        self.send(slot.identity, [wire.DROP, args[0].key.encode()])
+            elif kind == "exit":
+                self.mpi.close()
+                return True
+        return False
+
+    def _drain_router(self) -> None:
+        import zmq
+
+        while True:
+            try:
+                frames = self._router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            identity = frames[0]
+            message = self.signer.check(wire.TO_POOL, identity, frames[1:])
+            if message is None:
+                self._reject(identity)
+                continue
+            try:
+                self._on_message(identity, message)
+            except Exception as exc:  # noqa: BLE001 - a signed but malformed message
+                self._malformed(identity, message[0], exc)
+
+    def _on_message(self, identity: bytes, message: list) -> None:
+        kind = message[0]
+        if kind == wire.HEARTBEAT:
+            slot = self.mpi.slot_of(identity)
+            if slot is not None:
+                self.mpi.heard_from(slot)
+            self.send(identity, [wire.HEARTBEAT_ACK])
+        elif kind == wire.OUTCOME:
+            if len(message) != 4:
+                raise ValueError(f"{len(message) - 1} frame(s) after the kind, not 3")
+            self._on_outcome(identity, *wire.read_outcome(*message[1:]))
+        elif kind == wire.REGISTER:
+            if len(message) != 2:
+                raise ValueError(f"{len(message) - 1} frame(s) after the kind, not 1")
+            self._register(identity, wire.read_register(message[1]))
+        else:
+            raise ValueError(f"unknown message kind {kind[:16]!r}")
+
+    def _reject(self, identity: bytes) -> None:
+        """An unsigned (or wrongly signed) message: dropped unread, counted, logged once."""
+        self.rejected += 1
+        if self.rejected == 1:
+            label = self.pool.label
+            logger.warning("%s: dropped a message that was not signed with the runtime's "
+                           "key (peer identity %r); later ones are only counted in "
+                           "executor.rejected", "pool" if label == "pool" else f"pool {label!r}",
+                           identity[:40])
+
+    def _malformed(self, identity: bytes, kind: bytes, exc: Exception) -> None:
+        """A rank signed a message it should not have sent: the rank is broken. Its task
+        fails with TaskLost, and the rank is stopped and replaced like a dead one."""
+        slot = self.mpi.slot_of(identity)
+        why = f"rank sent a malformed {bytes(kind[:16])!r} message ({type(exc).__name__}: {exc})"
+        if slot is None or not slot.alive:
+            self.event(f"unregistered peer {identity[:40]!r}: {why}; ignored")
+            return
+        self.mpi.kill(slot)
+        self.lost([slot.id], why)
+
+    # ------------------------------------------------------------------ slots (under the lock)
+    def _free(self, slot_ids) -> None:
+        """Give idle slots back to the queue (not those of a retiring world, nor dead ones)."""
+        free = [s for s in slot_ids if self.mpi.usable(s)]
+        if free:
+            self.pool.release(free)
+
+    def _register(self, identity: bytes, info: dict) -> None:
+        slot = self.mpi.register(identity, info)
+        if slot is None:
+            return
+        with self.pool.placement() as scheduler:
+            scheduler.add_slot(slot.id, slot.world, slot.host, slot.wrank,
+                               gpu=bool(slot.devices))
+        self.pool.release([slot.id])
+        world = self.mpi.worlds[slot.world]
+        if world.id == 0 and not world.unregistered:
+            self.ready.set()
+
+    def remove_slots(self, slot_ids) -> None:
+        with self.pool.placement(wake=True) as scheduler:   # the head may be blocked for good
+            for slot_id in slot_ids:
+                scheduler.remove_slot(slot_id)
+
+    # ------------------------------------------------------------------ running tasks
+    def _dispatch(self, task: Task) -> None:
+        """Send a task the kernel placed to its ranks."""
+        slots = [self.mpi.slots.get(s) for s in task.slots]
+        if task.done:                       # cancelled (or shut down) on its way here
+            self._free([s.id for s in slots if s is not None])
+            return
+        if any(s is None or not s.alive for s in slots):
+            # Its ranks were lost (or retired) between placement and here: it never ran.
+            self._free([s.id for s in slots if s is not None])
+            self.pool.requeue(task)
+            return
+        ranks, cache, generation = self.mpi.communicator(task.slots, COMM_CACHE)
+        frames = wire.task_frames(task.id, ranks, tuple(task.slots), cache, generation,
+                                  task.resources.cores_per_rank, task.payload)
+        copy = len(task.payload) < wire.ZERO_COPY_BYTES
+        task.handle.outcomes = {}
+        self.tasks[task.id] = task
+        self.mpi.assign(task.slots, task.id)
+        unreachable = [slot.id for slot in slots
+                       if not self.send(slot.identity, frames, copy=copy)]
+        if unreachable:   # the rank vanished since it last spoke: same as a death under the task
+            self.lost(unreachable, "rank unreachable when the task was sent", collateral=True)
+
+    def _on_outcome(self, identity: bytes, task_id: int, outcome) -> None:
+        slot = self.mpi.slot_of(identity)
+        if slot is None:
+            return
+        self.mpi.heard_from(slot)
+        task = self.tasks.get(task_id)
+        if slot.task == task_id and task is not None:
+            self.mpi.vacate(slot)
+            if not outcome.ok:              # before the slot is free for another task
+                self.mpi.retire_communicator(task.slots)
+            self._free([slot.id])
+            run = task.handle
+            outcome.rank = task.slots.index(slot.id)
+            run.outcomes[outcome.rank] = outcome
+            if len(run.outcomes) == len(task.slots):
+                self.deliver(task)
+                self.forget(task)
+            elif not outcome.ok and not task.done:
+                # A rank raised: that is the task's result. Its peers may wait in a
+                # collective for it; those still busy after the grace are stopped.
+                self.deliver(task)
+                run.peer_grace = self.pool.call_later(
+                    PEER_GRACE_S, lambda: self.post(("peers", task)))
+        self._try_finish_consolidation()
+
+    def deliver(self, task: Task, deaths=None, lost: str = "") -> None:
+        """Deliver the task's result from its ranks' outcomes (``lost``: the ranks it lost)."""
+        run = task.handle
+        value, error = None, None
+        detail = f"; lost {lost}; the pool replaces the lost rank(s)" if lost else ""
+        try:
+            value = collect(run.outcomes, task.id, task.resources, self.pool.label,
+                            deaths=deaths, detail=detail)
+        except BaseException as exc:  # noqa: BLE001 - the task's typed error
+            error = exc
+        self.pool.finish(task, value, error, root=run.outcomes.get(0), release=False)
+
+    def forget(self, task: Task) -> None:
+        """Drop the broker's record of a delivered task once none of its ranks is busy for it."""
+        if not self.mpi.busy_for(task.id, task.slots):
+            if task.handle.peer_grace is not None:
+                task.handle.peer_grace.cancel()
+            self.tasks.pop(task.id, None)
+
+    def _on_stop(self, task: Task) -> None:
+        """The kernel's verdict (walltime, cancel, shutdown): stop the ranks, deliver it."""
+        if self.tasks.get(task.id) is task:
+            victims = self.mpi.busy_for(task.id, task.slots)
+            if victims:
+                why = str(task.error).splitlines()[0] if task.error else f"task {task.id} stopped"
+                self._stop_ranks(task, victims, why)
+        self.pool.dequeue(task)                 # re-queued meanwhile: it stops all the same
+        if task.error is not None:
+            self.pool.finish(task, release=False)
+        else:
+            self.deliver(task)
+        if self.tasks.get(task.id) is task:
+            self.forget(task)
+
+    def _on_peer_grace(self, task: Task) -> None:
+        if self.tasks.get(task.id) is not task:
+            return
+        stuck = self.mpi.busy_for(task.id, task.slots)
+        if stuck:
+            self._stop_ranks(task, stuck, f"rank(s) of failed task {task.id} still waited for "
+                             f"their peers {PEER_GRACE_S} s after it failed")
+        self.forget(task)
+
+    def _stop_ranks(self, task: Task, victims: List[int], why: str) -> None:
+        """Kill ranks busy for ``task`` (MPI cannot interrupt them) and replace them."""
+        for slot_id in victims:
+            self.mpi.kill(self.mpi.slots[slot_id])
+        self.lost(victims, why, blame=task.id)
+
+    # ------------------------------------------------------------------ faults
+    def lost(self, slot_ids: List[int], why: str, *, collateral: bool = False,
+             blame: Optional[int] = None) -> None:
+        """Ranks are gone: settle their tasks and start replacements (:func:`.faults.lose`)."""
+        lose(self, slot_ids, why, collateral=collateral, blame=blame)
+
+    def fail_all(self) -> None:
+        """The pool is broken: every task it holds, queued or running, fails."""
+        self.pool.fail_all(lambda task: ExecutorBroken(
+            f"pool {self.pool.label!r} is broken: {self.broken}"), release=False)
+        self.tasks.clear()
+
+    # ------------------------------------------------------------------ blocked head
+    def _unblock(self) -> None:
+        """The queue's head cannot run now: fail it if it never can; consolidate if needed."""
+        with self.pool.placement() as scheduler:
+            head = scheduler.head()
+            gpu = head is not None and bool(head[0].resources.gpus_per_rank)
+            sizes = scheduler.world_sizes(gpu=gpu)
+        if head is None or self.pool.stopping:
+            return
+        task, need = head[0], head[1]
+        pinned = task.handle.pinned
+        if pinned is not None:
+            lost = [s for s in pinned if s not in self.mpi.slots or not self.mpi.slots[s].alive]
+            if lost:
+                if self.pool.dequeue(task):
+                    self.pool.finish(task, error=errors.resident_lost(
+                        task.id, self.pool.label, pinned, lost))
+            return
+        if max(sizes.values(), default=0) >= need or self.mpi.starting():
+            return
+        if not self.consolidating:
+            self.consolidating = True
+            self.event(
+                f"task {task.id} needs {need} {'GPU ' if gpu else ''}ranks but the largest "
+                f"world has {max(sizes.values(), default=0)} (worlds: {sizes}): draining and "
+                f"restarting the pool as one world of {self.pool.max_ranks} ranks "
+                "(resident data on the old ranks is lost)")
+            with self.pool.placement() as scheduler:
+                scheduler.hold(self.mpi.retire_all())
+        self._try_finish_consolidation()
+
+    def _try_finish_consolidation(self) -> None:
+        if not self.consolidating or self.pool.stopping:
+            return
+        if self.mpi.any_busy():
+            return
+        for world in list(self.mpi.worlds.values()):
+            self.remove_slots(self.mpi.retire(world))
+        self.consolidating = False
+        self.launch_full()
+
+    def launch_full(self) -> None:
+        """Start a world of every slot the pool has (at its start, after a consolidation)."""
+        pool = self.pool
+        self.mpi.launch(pool.max_ranks, cores=list(range(pool.max_ranks)),
+                        devices=list(pool.gpu_ids) if pool.gpus else None)
