@@ -223,9 +223,17 @@ def test_handoff_benchmark_counts_the_copies():
         got = handoff_compare(1, 1000)
     finally:
         torch.set_num_threads(threads)
-    assert got["one column"]["bytes_copied"] == {"hetflow": 0, "pandas": 4 * 1000 * 4}
-    assert got["four columns"]["bytes_copied"] == {"hetflow": 4 * 1000 * 4,
-                                                   "pandas": 4 * 1000 * 4 + 6 * 1000 * 4}
+    column = 1000 * 4                      # one float32 column's bytes
+    one, four = got["one column"]["bytes_copied"], got["four columns"]["bytes_copied"]
+    assert one["hetflow"] == 0                     # one column: a view of Arrow's buffer
+    assert four["hetflow"] == 4 * column           # four: the stack, and nothing else
+    # Deep RC's path always makes its float32 features and labels (features + 1 columns); what
+    # Arrow -> pandas -> NumPy copies besides (up to the frame's columns and the feature
+    # matrix again) is the installed pandas/pyarrow's choice: 4 columns on one release, 5
+    # on pandas 2.2-2.3 with pyarrow 25-26 (one column). Counted whole columns, in that range.
+    for copied, features in ((one["pandas"], 1), (four["pandas"], 4)):
+        assert copied % column == 0, copied
+        assert (features + 1) * column <= copied <= (2 * features + 1 + features + 1) * column
 
 
 @hetflow.mpi_app(ranks=1)
