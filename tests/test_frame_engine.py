@@ -25,7 +25,10 @@ mpiutil.report(_engine.polars().thread_pool_size())
 
 def test_polars_threads_follow_the_ranks_cores():
     # a bare mpiexec: OMP_NUM_THREADS (what a runtime sets to cores_per_rank) sizes the pool
-    assert run_mpi(THREADS, 2, args=["omp"], env={"OMP_NUM_THREADS": "1"}).values(2) == [1, 1]
+    # (POLARS_MAX_THREADS cleared: a frame operation run earlier in this test process sets it,
+    # and the ranks would inherit it; seen in a fresh-clone CI run)
+    env = {"OMP_NUM_THREADS": "1", "POLARS_MAX_THREADS": ""}
+    assert run_mpi(THREADS, 2, args=["omp"], env=env).values(2) == [1, 1]
     # else a rank's first table: its share of the node's cores, as Arrow's pool
     share = max(1, len(os.sched_getaffinity(0)) // 2)
     env = {"OMP_NUM_THREADS": "", "POLARS_MAX_THREADS": ""}
