@@ -12,7 +12,7 @@ import math
 import os
 import statistics
 from collections import defaultdict
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from hetflow.experiments import noise, owncpu
 
@@ -56,13 +56,7 @@ def latest_runs(rows: Sequence[dict]) -> Dict[str, List[dict]]:
 
 
 # --------------------------------------------------------------------------- numbers
-def _values(rows: Iterable[dict], field: str) -> List[float]:
-    out = []
-    for r in rows:
-        v = r.get(field)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            out.append(float(v))
-    return out
+_values = noise.values   # a field's finite numbers over the rows
 
 
 def median(rows, field) -> Optional[float]:
