@@ -13,8 +13,12 @@ from hetflow.executors.radical.priority import daemon_sessions
 
 
 def _group_nice(pid: int) -> int:
+    """The nice of ``pid``'s autogroup. A process in the root autogroup (a session started
+    before autogroups, as a container's first process may be) reads an empty file: the root
+    group weighs as nice 0 and its nice cannot be set."""
     with open(f"/proc/{pid}/autogroup") as fh:
-        return int(fh.read().split()[-1])
+        fields = fh.read().split()
+    return int(fields[-1]) if fields else 0
 
 
 @hetflow.mpi_app(ranks=2, returns="all")
