@@ -26,8 +26,7 @@ def task_comm(ranks):
 # as the pool worker does.
 if rank in (2, 3):
     comm = task_comm([2, 3])
-    arrive(comm)
-    user = comm.Dup()
+    user = arrive(comm)
     if rank == 2:                        # a barrier that never completes: rank 3 never enters
         threading.Thread(target=user.Barrier, daemon=True).start()
         time.sleep(0.5)                  # (its first message is sent at once)
@@ -61,3 +60,43 @@ def test_a_failed_tasks_stale_message_does_not_reach_the_next_task():
     # message in its first collective, which never completed: rank 0 or 3 reported False.
     run = run_mpi(SCRIPT, 4, timeout=90)
     assert run.reports == {0: True, 1: True, 2: None, 3: True}, run
+
+
+COUNT_SCRIPT = r"""
+import mpiutil
+from mpi4py import MPI
+from hetflow.executors._rank import run_on_rank
+from hetflow.executors.payload import TaskPayload
+
+COLLECTIVES = {"Barrier", "Ibarrier", "Dup", "Idup", "Split", "Create_group", "Bcast",
+               "Allreduce", "allreduce", "barrier", "bcast"}
+
+
+class Counting:
+    # the task's communicator as run_on_rank sees it: every call it makes, named
+    def __init__(self, comm):
+        self.comm, self.calls = comm, []
+
+    def __getattr__(self, name):
+        self.calls.append(name)
+        return getattr(self.comm, name)
+
+
+def noop():               # the payload's function: hetflow's wrapper, called bare
+    return None
+
+
+world = MPI.COMM_WORLD
+payload = TaskPayload(1, noop, (), {}, {"ranks": 2}).dumps()
+counted = Counting(world.Dup())
+outcome = run_on_rank(payload, counted)
+mpiutil.report((outcome.ok, [c for c in counted.calls if c in COLLECTIVES]))
+"""
+
+
+def test_a_task_costs_its_ranks_one_collective_before_the_function():
+    # A rank waits for its peers and makes the task's own communicator in one nonblocking
+    # collective (Idup), then sleeps while it waits. Before: Ibarrier, then Dup, a second
+    # collective that busy-polls in MPICH while a peer is descheduled.
+    run = run_mpi(COUNT_SCRIPT, 2, timeout=90)
+    assert run.values(2) == [(True, ["Idup"]), (True, ["Idup"])], run
