@@ -56,7 +56,6 @@ errors are identical across runtimes by construction.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import sys
@@ -342,7 +341,7 @@ class Executor(ParslExecutor):
         :class:`~hetflow.spec.Resources` fields, plus ``devices``, the GPU ids its ranks
         bind on their node (``_rank.bind_rank_environment``): none for a task needing none
         when the runtime has GPUs; None (the launcher's binding stays) when it has none."""
-        return {**dataclasses.asdict(task.resources),
+        return {**task.resources.as_dict(),
                 "devices": list(task.devices) if self.gpus else None}
 
     def release(self, slots) -> None:

@@ -70,9 +70,7 @@ class TaskPayload:
     def __reduce__(self):
         resources = self._resources
         if not isinstance(resources, dict):
-            import dataclasses
-
-            resources = dataclasses.asdict(resources)
+            resources = resources.as_dict()
         if self._arguments is not None:
             return (_with_arguments, (self.task_id, self.func, self._arguments, resources,
                                       self.tables, self.files))
