@@ -208,3 +208,38 @@ def check_health(broker) -> None:
     if not broker.mpi.worlds and not broker.pool.stopping and not broker.consolidating:
         broker.broken = "every MPI world of the pool is gone"
         broker.fail_all()
+
+
+# ---------------------------------------------------------------------- kept communicators
+def recycle(broker, slot) -> None:
+    """``slot``'s rank keeps ``max_kept_comms`` communicators of failed tasks (each holds one
+    of the MPI's context ids, which run out: MPICH has about 2,048, and its world died at
+    the 1,023rd failed task): its world takes no more tasks and is replaced by a world of
+    its size once its running tasks end (:func:`recycle_idle`). Queued tasks wait for the
+    new world; resident data on the old one is lost."""
+    world = broker.mpi.worlds.get(slot.world)
+    if world is None or world.retiring or broker.consolidating or broker.pool.stopping:
+        return
+    with broker.pool.placement() as scheduler:
+        scheduler.hold(broker.mpi.recycle(world))
+    broker.event(f"world {world.id}: rank {slot.wrank} keeps {slot.kept_comms} communicators "
+                 f"of failed tasks (max_kept_comms={broker.pool.max_kept_comms}): replacing "
+                 "the world once its running tasks end")
+
+
+def recycle_idle(broker) -> None:
+    """Replace the worlds :func:`recycle` retired whose ranks are all idle now."""
+    if broker.consolidating or broker.pool.stopping:
+        return
+    for world in broker.mpi.idle_recycling():
+        alive = sorted((s for s in broker.mpi.slots_of(world) if s.alive),
+                       key=lambda s: not s.devices)
+        cores = [s.core for s in alive if s.core is not None]
+        devices = [d for s in alive for d in s.devices.split(",") if d]
+        broker.remove_slots(broker.mpi.retire(world))
+        broker.recycled += 1
+        if alive:
+            new = broker.mpi.launch(len(alive), cores=cores,
+                                    devices=devices if broker.pool.gpus else None)
+            broker.event(f"world {world.id} replaced by world {new.id} of {len(alive)} "
+                         f"rank(s) (communicators of failed tasks kept)")

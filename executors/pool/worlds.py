@@ -61,6 +61,7 @@ class Slot:
     devices: str = ""                    # its CUDA_VISIBLE_DEVICES, bound for life
     supervisor: int = 0                  # the rank's parent, which records how it ended
     dead_since: Optional[float] = None   # when it was first seen dead (evidence grace)
+    kept_comms: int = 0                  # communicators of failed tasks it keeps (its last word)
 
 
 @dataclass
@@ -75,6 +76,7 @@ class World:
     slot_ids: Dict[int, int] = field(default_factory=dict)   # world rank -> slot
     started: float = field(default_factory=time.monotonic)
     retiring: bool = False
+    recycling: bool = False              # retiring, to be replaced by a world of its size
     going_down: Optional[float] = None   # when a rank was first seen taken down (teardown)
     comm_keys: set = field(default_factory=set)
     comm_generation: Dict[tuple, int] = field(default_factory=dict)   # ranks -> after failures
@@ -182,6 +184,21 @@ class Worlds:
     def vacate(self, slot: Slot) -> None:
         """The rank reported its task's outcome: idle again."""
         slot.task = None
+
+    def kept(self, slot: Slot, count: int) -> None:
+        """The rank keeps ``count`` communicators of failed tasks (it says so with each outcome)."""
+        slot.kept_comms = count
+
+    def recycle(self, world: World) -> List[int]:
+        """``world`` takes no more tasks: it is replaced once idle (:meth:`idle_recycling`).
+        Its slot ids."""
+        world.retiring = world.recycling = True
+        return list(world.slot_ids.values())
+
+    def idle_recycling(self) -> List[World]:
+        """The worlds to be replaced whose live ranks all finished their tasks."""
+        return [w for w in self.worlds.values() if w.recycling and not any(
+            s.alive and s.task is not None for s in self.slots_of(w))]
 
     def mark_lost(self, slot_ids: Sequence[int]) -> None:
         """The ranks are gone for good (their tasks settled elsewhere)."""
