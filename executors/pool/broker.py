@@ -271,6 +271,7 @@ class Broker:
                                   task.resources.cores_per_rank, task.payload)
         copy = len(task.payload) < wire.ZERO_COPY_BYTES
         task.handle.outcomes = {}
+        task.handle.sent = time.time()
         self.tasks[task.id] = task
         self.mpi.assign(task.slots, task.id)
         unreachable = [slot.id for slot in slots

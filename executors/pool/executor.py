@@ -75,6 +75,7 @@ class _Run:
     outcomes: dict = field(default_factory=dict)   # task rank -> outcome, as ranks report
     requeues: int = 0
     peer_grace: object = None           # the failed-peer deadline, once a rank raised
+    sent: float = 0.0                   # when it was last sent to its ranks (time.time())
 
 
 class PoolExecutor(Executor):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hetflow.executors.launch import tail
 from hetflow.executors.taskdir import Deaths, describe
@@ -60,7 +60,8 @@ class Settlement:
 
 def settle_lost(lost: Sequence[int], busy: Mapping[int, int], tasks: Mapping[int, RunningTask],
                 evidence: Mapping[int, Death], *, collateral: bool = False,
-                blame: Optional[int] = None, max_requeues: int = MAX_REQUEUES) -> Settlement:
+                blame: Optional[int] = None, max_requeues: int = MAX_REQUEUES,
+                innocent: Collection[int] = ()) -> Settlement:
     """Decide what becomes of the tasks on slots ``lost``.
 
     ``busy``: slot -> the task it runs, for every live slot running one (lost slots
@@ -70,7 +71,9 @@ def settle_lost(lost: Sequence[int], busy: Mapping[int, int], tasks: Mapping[int
     went down with their world, or were unreachable, so a task with no death evidence
     is re-queued (at most ``max_requeues`` times) rather than failed; otherwise a lost
     rank with no evidence simply "died". ``blame``: the task the pool stopped these ranks for
-    (its result is decided elsewhere: it is only forgotten).
+    (its result is decided elsewhere: it is only forgotten). ``innocent``: tasks whose lost
+    ranks all ended through no fault of theirs (see :meth:`.worlds.Worlds.not_its_doing`):
+    re-queued like a collateral loss, whatever the evidence says.
     """
     plan = Settlement(lost=list(dict.fromkeys(lost)))
     gone = set(plan.lost)
@@ -98,7 +101,8 @@ def settle_lost(lost: Sequence[int], busy: Mapping[int, int], tasks: Mapping[int
         plan.stop += peers
         plan.lost += peers
         gone.update(peers)
-        if collateral and not deaths and task.requeues < max_requeues:
+        if ((collateral and not deaths) or task_id in innocent) and \
+                task.requeues < max_requeues:
             plan.requeue.append(task_id)
         else:
             plan.fail[task_id] = deaths
@@ -133,7 +137,9 @@ def lose(broker, slot_ids: List[int], why: str, *, collateral: bool = False,
         {tid: RunningTask(tuple(t.slots), t.done, t.handle.requeues)
          for tid, t in running.items()},
         broker.mpi.evidence([t.slots for t in running.values()], slot_ids),
-        collateral=collateral, blame=blame)
+        collateral=collateral, blame=blame,
+        innocent={tid for tid, t in running.items() if tid != blame and broker.mpi.not_its_doing(
+            [s for s in slot_ids if busy.get(s) == tid], t.handle.sent)})
     slots = broker.mpi.slots
     for slot_id in plan.stop:
         broker.mpi.kill(slots[slot_id])

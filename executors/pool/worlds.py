@@ -22,6 +22,7 @@ from hetflow.executors.pool import wire
 from hetflow.executors.pool.faults import rank_death
 from hetflow.executors.allocation import srun_prefix
 from hetflow.executors._forensics import ended, forget_recorded_shm, kill_tree
+from hetflow.executors._supervise import KILLED_EXIT
 from hetflow.executors.launch import launcher_env, launcher_flavour, with_malloc_thp
 from hetflow.executors.taskdir import PRIVATE_UMASK, TaskDir, private_dir
 from hetflow.executors.watch import EVIDENCE_GRACE_S
@@ -307,6 +308,21 @@ class Worlds:
         if now - slot.dead_since >= EVIDENCE_GRACE_S:
             return False
         return not ended(slot.supervisor)
+
+    def not_its_doing(self, slot_ids: Sequence[int], sent: float) -> bool:
+        """Every one of these lost ranks ended through no fault of the task sent to them at
+        ``sent`` (``time.time()``): its supervisor recorded that it ended before the task was
+        sent, or that it exited with ``KILLED_EXIT`` (told to, or its client looked gone),
+        and it left no death record of its own (a task's crash, or its exit, leaves one)."""
+        for slot_id in slot_ids:
+            slot = self.slots[slot_id]
+            world = self.worlds.get(slot.world)
+            status = world.taskdir.load_status(slot.pid) if world is not None else None
+            if not status or slot.wrank in world.taskdir.own_deaths():
+                return False
+            if status.get("exitcode") != KILLED_EXIT and status.get("at", sent) >= sent:
+                return False
+        return bool(slot_ids)
 
     def evidence(self, tasks_slots, lost) -> Dict[int, Tuple[str, str]]:
         """How ranks ended, by slot, from their worlds' state dirs, for the slots of each task.
