@@ -55,13 +55,16 @@ def main(argv=None) -> int:
     parser.add_argument("--failed", type=int, default=10_000)
     parser.add_argument("--good", type=int, default=200)
     parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--max-kept-comms", type=int, default=None,
+                        help="the pool's limit (default: the pool's default)")
     args = parser.parse_args(argv)
     from parsl.dataflow.dflow import DataFlowKernelLoader
     from mpi4py import MPI
 
     t0 = time.perf_counter()
     failed = wrong = 0
-    with hetflow.runtime("pool", max_ranks=2):
+    limit = {} if args.max_kept_comms is None else {"max_kept_comms": args.max_kept_comms}
+    with hetflow.runtime("pool", max_ranks=2, **limit):
         executor = DataFlowKernelLoader.dfk().executors["pool"]
         assert good(0).result() == [0, 0]
         rss_start = ranks_rss_mib(executor)
@@ -72,6 +75,8 @@ def main(argv=None) -> int:
             for i, future in enumerate(batch, start):
                 try:
                     future.result()
+                    wrong += 1
+                except hetflow.TaskLost:
                     wrong += 1
                 except hetflow.TaskFailed as exc:
                     kind = "ValueError" if i % 2 == 0 else "KeyError"
