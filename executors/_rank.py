@@ -87,7 +87,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
         payload: TaskPayload = pickle.loads(payload_bytes)
     except Exception as exc:  # e.g. the function's module is not importable on this rank
         return error_outcome(rank, exc, started, time.time(), "could not unpickle the task: ")
-    with _capture(payload.files, rank) as capture, sampling(capture, payload.files):
+    with _capture(payload.files, rank) as capture, sampling(capture, payload.files, rank):
         arrive(comm)
         owned = user_comm is None
         if owned:

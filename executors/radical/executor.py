@@ -186,7 +186,7 @@ class RadicalExecutor(Executor):
         raptor = self.mode != "exec"
         self.pilot.open(base, self._state_cb, self.worker if raptor else None)
         if self.pilot.yield_cpu:
-            self._yielder = priority.Yielder(busy=self._ranks_busy,
+            self._yielder = priority.Yielder(busy=self._ranks_busy, still=self._ranks_still,
                                              processes=lambda: session_processes(base))
             self._yielder.start()
         if raptor:
@@ -205,6 +205,23 @@ class RadicalExecutor(Executor):
             if pids and not all(taskdir.has_outcome(rank) for rank in pids):
                 return True
         return False
+
+    def _ranks_still(self) -> bool:
+        """Whether every task RP holds has all its ranks computing (started, alive, no
+        outcome yet): RP has nothing to do until one ends, and its daemons may be stopped."""
+        with self._running_lock:
+            tasks = list(self._running.values())
+        for task in tasks:
+            pids = task.handle.taskdir.pids()
+            if task.error is not None or len(pids) < task.resources.ranks or any(
+                    task.handle.taskdir.has_outcome(r) or not priority.alive(p) for r, p in pids.items()):
+                return False
+        return bool(tasks)
+
+    def _thaw(self) -> None:
+        """RP's daemons run before RP is handed anything (see ``priority.Yielder``)."""
+        if self._yielder is not None:
+            self._yielder.thaw()
 
     def _stop_runtime(self) -> None:
         if self._yielder is not None:
@@ -245,6 +262,7 @@ class RadicalExecutor(Executor):
         handle.uid, handle.failed_seen = description["uid"], None
         with self._running_lock:
             self._running[handle.uid] = task
+        self._thaw()
         try:
             submit([description])
         except Exception as exc:
@@ -279,6 +297,7 @@ class RadicalExecutor(Executor):
         handle: Optional[_InPilot] = task.handle
         if handle is None:
             return           # not submitted yet: _start sees task.error and stops it
+        self._thaw()
         if handle.path == "raptor" and not self.stopping:
             self._recycle(task)
             return
@@ -378,6 +397,7 @@ class RadicalExecutor(Executor):
         kernel's (cancel, walltime) or else the ranks' reports, read before the worker is
         killed (killing it ends every rank).
         """
+        self._thaw()
         with self._running_lock:
             if self._running.pop(uid or task.handle.uid, None) is None:
                 return       # reported, or recycled by another thread, meanwhile
