@@ -69,11 +69,12 @@ def bind_rank_environment(resources: dict, local_rank: int) -> None:
 
 
 def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
-                keep_exception: bool = False) -> RankOutcome:
+                keep_exception: bool = False, user_comm=None) -> RankOutcome:
     """Run one rank's share of a task on ``comm`` (the task's communicator).
 
     The app gets ``comm.Dup()``, never ``comm`` itself, so library traffic and
-    user traffic can't cross. ``sys_path`` (the client's) is prepended first, so
+    user traffic can't cross; or ``user_comm``, a duplicate the caller keeps (and frees,
+    or not, itself). ``sys_path`` (the client's) is prepended first, so
     functions defined in the client's modules unpickle. Never raises: errors
     become the outcome.
     """
@@ -87,7 +88,11 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
     except Exception as exc:  # e.g. the function's module is not importable on this rank
         return error_outcome(rank, exc, started, time.time(), "could not unpickle the task: ")
     with _capture(payload.files, rank) as capture, sampling(capture, payload.files, rank):
-        user_comm = arrive(comm)
+        owned = user_comm is None
+        if owned:      # the peers awaited and the task's own duplicate made: one collective
+            user_comm = arrive(comm)
+        else:          # the caller's kept duplicate: only the peers awaited
+            arrive(comm, duplicate=False)
         own_umask = user_umask()
         failed = True
         try:
@@ -107,7 +112,8 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
             return outcome
         finally:
             os.umask(own_umask)
-            release_comm(user_comm, failed)
+            if owned:
+                release_comm(user_comm, failed)
     try:
         value_bytes = dumps(value)
     except Exception as exc:
@@ -173,6 +179,11 @@ _ARRIVE_FIRST_SLEEP, _ARRIVE_MAX_SLEEP = 5e-5, 1e-3
 _QUARANTINED: list = []
 
 
+def kept_comms() -> int:
+    """How many communicators of failed tasks this process keeps (see :func:`release_comm`)."""
+    return len(_QUARANTINED)
+
+
 def release_comm(comm, failed: bool) -> None:
     """Free a task's communicator, unless its task failed on this rank: then keep it for
     the life of the process. A peer may have sent on it what this rank never received (a
@@ -181,8 +192,10 @@ def release_comm(comm, failed: bool) -> None:
     message in the next task's first collective, which never completed (measured: a
     2-rank task whose rank 1 raised while rank 0 waited in ``Barrier``, then a 3-rank
     task on the same ranks). A persistent rank (pool, RAPTOR) keeps one or two per failed
-    task."""
-    if failed:
+    task, and each holds one of the MPI's context ids (MPICH has about 2,048): the pool
+    replaces a world whose ranks keep ``max_kept_comms``. A communicator of one rank is
+    freed all the same: no peer can have sent on it."""
+    if failed and comm.Get_size() > 1:
         _QUARANTINED.append(comm)
         return
     try:
@@ -191,11 +204,12 @@ def release_comm(comm, failed: bool) -> None:
         pass
 
 
-def arrive(comm):
+def arrive(comm, duplicate: bool = True):
     """Wait until every rank of ``comm`` has reached this point, asleep after a short poll;
     return ``comm``'s duplicate, the task's own communicator (``Idup``: the one collective
     both waits for the peers and makes it, where ``Ibarrier`` then ``Dup`` cost two, the
-    second a busy-polling one).
+    second a busy-polling one); ``duplicate`` False: only wait (``Ibarrier``), return None
+    (a pool rank that keeps a duplicate per cached communicator).
 
     MPICH's blocking calls busy-poll, so a rank that unpickles its task first (or gets it
     first) would spin in the first collective while its peers still import the task's
@@ -204,11 +218,14 @@ def arrive(comm):
     0.9-1.4 CPU-s in 10 s spinning (mostly in the kernel, yielding) while the fourth, with
     work to do, got 0.03 CPU-s.
     """
-    if comm.Get_size() == 1:
-        return comm.Dup()                  # local: no peer to wait for
-    duplicate, arrived = comm.Idup()
+    if comm.Get_size() == 1:               # local: no peer to wait for
+        return comm.Dup() if duplicate else None
+    if not duplicate:
+        wait(comm.Ibarrier())
+        return None
+    copy, arrived = comm.Idup()
     wait(arrived)
-    return duplicate
+    return copy
 
 
 def wait(request) -> None:

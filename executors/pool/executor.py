@@ -75,6 +75,7 @@ class _Run:
     outcomes: dict = field(default_factory=dict)   # task rank -> outcome, as ranks report
     requeues: int = 0
     peer_grace: object = None           # the failed-peer deadline, once a rank raised
+    sent: float = 0.0                   # when it was last sent to its ranks (time.time())
 
 
 class PoolExecutor(Executor):
@@ -100,6 +101,11 @@ class PoolExecutor(Executor):
         ``provider=SlurmJob(...)``: the pool asks Slurm for an allocation as a batch user
         would from a login node, runs the world in it with ``srun --jobid``, and gives it
         back at shutdown; ``max_ranks`` defaults to ``ntasks``, else the nodes' CPUs.
+    max_kept_comms: a rank keeps the communicators of the tasks that failed on it (freeing
+        one a peer may still have sent on is unsafe, see ``_rank.release_comm``), and each
+        holds one of the MPI's context ids (MPICH has about 2,048); a world one of whose ranks
+        keeps this many is replaced by a fresh one once idle (``recycled`` counts them). The
+        default leaves room for the 512 cached communicators of the tasks' rank sets.
     authenticate: sign and check every message on the pool's socket (see ``wire``);
         False only to measure what that costs (``experiments/pool_bench.py --auth``).
 
@@ -119,7 +125,7 @@ class PoolExecutor(Executor):
                  python: Optional[str] = None, heartbeat_s: float = 1.0,
                  lost_after_s: float = 10.0, start_timeout: float = 120.0, max_bypass: int = 16,
                  slurm: Optional[dict] = None, provider: Optional[Provider] = None,
-                 authenticate: bool = True):
+                 authenticate: bool = True, max_kept_comms: int = 512):
         place = runtime_place(slurm, provider, max_ranks, gpus, by_start=True)
         self.runs_on, where = place.provider, place.provider.placement(None)
         if where.launcher is not None:    # a place of its own: its launcher
@@ -146,6 +152,9 @@ class PoolExecutor(Executor):
         self.start_timeout = start_timeout
         self.extra_env = dict(env or {})
         self.authenticate = authenticate
+        if max_kept_comms < 1:
+            raise ConfigError(f"max_kept_comms must be at least 1, not {max_kept_comms}")
+        self.max_kept_comms = max_kept_comms
         self._signer = wire.Signer(None)
         self.uid = uuid.uuid4().hex[:12]
         #: What the pool did about faults, in order (also logged as warnings).
@@ -252,6 +261,11 @@ class PoolExecutor(Executor):
     def rejected(self) -> int:
         """Messages dropped for a wrong or missing signature (see the class docstring)."""
         return self._broker.rejected if self._broker is not None else 0
+
+    @property
+    def recycled(self) -> int:
+        """Worlds replaced because a rank kept ``max_kept_comms`` communicators."""
+        return self._broker.recycled if self._broker is not None else 0
 
     @property
     def _broken(self) -> Optional[str]:
