@@ -92,7 +92,8 @@ def private_dir(path: str) -> str:
         except FileExistsError:   # another rank made it meanwhile: tightened below
             pass
         os.chmod(directory, 0o700)
-    os.chmod(path, 0o700)
+    if not missing:                       # made above: already chmodded (one syscall per task)
+        os.chmod(path, 0o700)
     return path
 
 
