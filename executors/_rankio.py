@@ -72,8 +72,9 @@ class Capture:
         except (ValueError, OSError):                   # not the main thread: leave it
             pass
         try:
-            self._stack = open(os.path.join(self.directory, stack_name(self.rank, os.getpid())),
-                               "w", opener=_private)
+            # a plain descriptor: faulthandler writes to it; no io object (its ioctl, lseek)
+            self._stack = _private(os.path.join(self.directory, stack_name(self.rank, os.getpid())),
+                                   os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             faulthandler.register(STACK_SIGNAL, file=self._stack, all_threads=True, chain=False)
         except (OSError, ValueError, RuntimeError):
             self._close_stack()
@@ -139,7 +140,7 @@ class Capture:
 
     def _close_stack(self) -> None:
         if self._stack is not None:
-            self._stack.close()
+            os.close(self._stack)
             self._stack = None
 
 
