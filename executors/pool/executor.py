@@ -57,7 +57,7 @@ from hetflow.executors.pool import wire
 from hetflow.executors.pool.broker import Broker
 from hetflow.executors.pool.scheduler import PoolScheduler
 from hetflow.executors.pool.worlds import Slot, World, Worlds, launcher_prefix
-from hetflow.executors.providers import Provider, provider_for
+from hetflow.executors.providers import Provider, runtime_place
 from hetflow.executors.taskdir import write_private
 from hetflow.resident import find_handles
 from hetflow.spec import Resources
@@ -126,17 +126,15 @@ class PoolExecutor(Executor):
                  lost_after_s: float = 10.0, start_timeout: float = 120.0, max_bypass: int = 16,
                  slurm: Optional[dict] = None, provider: Optional[Provider] = None,
                  authenticate: bool = True, max_kept_comms: int = 512):
-        self.runs_on = provider_for(slurm, provider)
-        self.runs_on.check("pool")
-        if self.runs_on.pool_launcher() is not None:    # a place of its own: its launcher
+        place = runtime_place(slurm, provider, max_ranks, gpus, by_start=True)
+        self.runs_on, where = place.provider, place.provider.placement(None)
+        if where.launcher is not None:    # a place of its own: its launcher
             if hostfile is not None or launcher is not None:
                 raise ConfigError("give slurm=/provider= (the pool asks for its own "
                                   "allocation) or hostfile=/launcher=, not both")
-            launcher = self.runs_on.pool_launcher()
-        if max_ranks is None:
-            max_ranks = self.runs_on.default_slots("pool")
-        super().__init__(label, max_ranks=max_ranks, max_bypass=max_bypass,
-                         gpus=self.runs_on.gpus_per_node() if gpus is None else gpus)
+            launcher = where.launcher
+        super().__init__(label, max_ranks=place.max_ranks, max_bypass=max_bypass,
+                         gpus=place.gpus)
         if hostfile is not None and not os.path.isfile(hostfile):
             raise ConfigError(f"hostfile {hostfile!r} does not exist")
         if hostfile is not None and launcher is not None:
@@ -204,8 +202,10 @@ class PoolExecutor(Executor):
         task.handle = _Run(pinned=pinned)
 
     def _start_runtime(self) -> None:
-        self.runs_on.start("pool", f"hetflow-{self.label}", self.max_ranks)
-        self.launcher = self.runs_on.pool_launcher() or self.launcher
+        self.runs_on.start(f"hetflow-{self.label}", self.max_ranks)
+        where = self.runs_on.placement(self.max_ranks)     # (the launcher, once granted)
+        self.launcher = list(where.launcher or ()) or self.launcher
+        self.extra_env = {**where.env, **self.extra_env}
 
         # The key reaches the ranks as a 0600 file in the 0700 run dir (works on a shared
         # file system for multi-node pools); its path, never the key, is in their environment.
