@@ -8,6 +8,8 @@ import time
 import pytest
 
 import hetflow
+from hetflow.experiments.failed_tasks import good, sends_then_raises
+from hetflow.experiments.failed_tasks import raises as raises_alone
 from test_pool import pool
 
 pytestmark = pytest.mark.timeout(120)
@@ -19,25 +21,6 @@ def waits_then_raises(comm, i):
     if comm.Get_rank() == 1:
         raise ValueError(f"waits_then_raises {i}")
     return comm.allreduce(1)
-
-
-@hetflow.mpi_app(ranks=2, returns="all")
-def sends_then_raises(comm, i):
-    """Rank 1 sends rank 0 a message it never receives, then raises; rank 0 returns."""
-    if comm.Get_rank() == 1:
-        comm.send("stale", dest=0, tag=5)
-        raise ValueError(f"sends_then_raises {i}")
-    return "returned"
-
-
-@hetflow.mpi_app(ranks=1)
-def raises_alone(comm, i):
-    raise KeyError(f"raises_alone {i}")
-
-
-@hetflow.mpi_app(ranks=2, returns="all")
-def good(comm, i):
-    return comm.allreduce(i)
 
 
 def failed_with(future, kind, text):
@@ -57,8 +40,8 @@ def test_a_pool_replaces_a_world_before_its_ranks_keep_too_many_communicators():
         assert executor.recycled == 0
         kept = []
         for i in range(rounds):
-            failed_with(sends_then_raises(i), "ValueError", f"sends_then_raises {i}")
-            failed_with(raises_alone(i), "KeyError", f"raises_alone {i}")
+            failed_with(sends_then_raises(i), "ValueError", f"failed {i}")
+            failed_with(raises_alone(i), "KeyError", f"failed {i}")
             assert good(i).result(timeout=60) == [2 * i, 2 * i]
             executor.remember()
             kept.append(max((s.kept_comms for s in executor._slots.values() if s.alive), default=0))
@@ -74,7 +57,7 @@ def test_a_pool_replaces_a_world_before_its_ranks_keep_too_many_communicators():
         futures = [(sends_then_raises(i) if i % 3 == 0 else good(i)) for i in range(24)]
         for i, future in enumerate(futures):
             if i % 3 == 0:
-                failed_with(future, "ValueError", f"sends_then_raises {i}")
+                failed_with(future, "ValueError", f"failed {i}")
             else:
                 assert future.result(timeout=60) == [2 * i, 2 * i]
         executor.remember()
