@@ -11,7 +11,7 @@ import pickle
 import pyarrow as pa
 from mpi4py import MPI
 from hetflow import frame
-from hetflow.frame import _aggregate, _engine, _localjoin, _localsort
+from hetflow.frame import _aggregate, _engine, _intmatch, _localjoin, _localsort, _strmatch
 import mpiutil
 
 comm = MPI.COMM_WORLD
@@ -65,9 +65,9 @@ case("groupby mean: finishing fails on every other rank", _aggregate, "finish",
 words = frame.from_local(comm, table.local.append_column(
     "s", pa.array([f"w{i % 5}" for i in range(50)])))
 tiny = frame.from_local(comm, pa.table({"k": pa.array([rank], pa.int64()), "w": [1.5]}))
-case("join: matching fails on the last rank", _localjoin, "match", last,
+case("join: matching fails on the last rank", _intmatch, "match", last,
      lambda: table.join(table, on="k").local.num_rows)
-case("join: matching by hash fails on rank 1", _localjoin, "match_by_hash", middle,
+case("join: matching by hash fails on rank 1", _strmatch, "match_by_hash", middle,
      lambda: words.join(words, on="s").local.num_rows)
 case("join: the local join fails on the last rank", _localjoin, "join", last,
      lambda: table.join(table, on=["k", "v"]).local.num_rows)

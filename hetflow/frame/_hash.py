@@ -294,7 +294,7 @@ def modular_partition(col, parts: int) -> np.ndarray:
     """Destinations ``key mod parts`` of one null-free integer (or temporal) key column, as
     small ints: Cylon's partitioner for integer keys. Rank r then holds only keys ``q * parts +
     r``, so its join can address its keys by ``q`` in a table ``parts`` times smaller than the
-    keys' range (:func:`hetflow.frame._localjoin.match`'s ``stride``), where a hashed partition
+    keys' range (:func:`hetflow.frame._intmatch.match`'s ``stride``), where a hashed partition
     leaves every rank keys spread over the whole range. Unlike hashing it is not spread evenly
     for keys on a stride (all even, timestamps in whole seconds): :func:`modular_balanced` says
     whether it is for the data at hand. The remainder is that of the key's int64
