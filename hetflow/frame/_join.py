@@ -181,7 +181,9 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
     stride = comm.Get_size() if residues is not None else 1
     with step(comm, "join: matching the keys"), phase("local"):
         li, ri = _intmatch.match(keys["left"], keys["right"], how, stride, identity=True)
-    with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
+    # the payload columns' exchange, nested in assemble, is its own phase; assemble makes
+    # every fetch even where a column fails, so the step's agreement meets every rank
+    with step(comm, "join: building the output"), phase("local"):
         return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
                                    fetch_left, fetch_right, keys)
 
@@ -222,7 +224,7 @@ def _join_by_hash(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, h
     with step(comm, "join: matching the keys"), phase("local"):
         li, ri = _strmatch.match_by_hash(lh, rh, keys["left"], keys["right"], how)
     del lh, rh
-    with phase("local"):
+    with step(comm, "join: building the output"), phase("local"):
         return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
                                    fetch_left, fetch_right, keys)
 

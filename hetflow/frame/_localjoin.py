@@ -130,6 +130,11 @@ def assemble(lschema: pa.Schema, rschema: pa.Schema, lkey: str, rkey: str,
     of the left's (key coalesced from both sides for a full outer join), then the right's
     non-key columns; names on both sides get ``suffixes``. ``li`` None: the left columns as
     they are (see :func:`match`'s ``identity``).
+
+    Where a column's local work raises (after data has moved), the rest of the columns are
+    still fetched and dropped, so a fetch that is a collective exchange completes on every
+    rank, and the error is raised after the last one: the caller agrees on it with
+    :func:`hetflow.frame._agreement.step` around this call.
     """
     left_misses = how in KEEPS_RIGHT   # left cells of the right side's unmatched rows
     right_misses = how in KEEPS_LEFT
@@ -145,21 +150,32 @@ def assemble(lschema: pa.Schema, rschema: pa.Schema, lkey: str, rkey: str,
     names = [c + suffixes[0 if s == "L" else 1] if c in clash else c for s, c in plan]
     columns = [None] * len(plan)
     is_key = lambda s, c: (s, c) in (("L", lkey), ("R", rkey))  # noqa: E731 - a one-line predicate
+    error: Optional[Exception] = None
     # keys first: the key arrays are freed before any payload column arrives
     for i in sorted(range(len(plan)), key=lambda i: not is_key(*plan[i])):
         side, name = plan[i]
-        if side == "L" and name == lkey:
-            if how in ("outer", "full"):
-                col = _coalesced_key(keys.pop("left"), keys.pop("right"), li, ri)
+        # a payload column's fetch is collective in a shuffle: made on every rank, failed or not
+        col = None if is_key(side, name) else (fetch_left if side == "L" else fetch_right)(name)
+        if error is not None:
+            continue
+        try:
+            if side == "L" and name == lkey:
+                if how in ("outer", "full"):
+                    col = _coalesced_key(keys.pop("left"), keys.pop("right"), li, ri)
+                else:
+                    col = take(keys.pop("left"), li, left_misses)
+            elif side == "R" and name == rkey:
+                col = take(keys.pop("right"), ri, False)
             else:
-                col = take(keys.pop("left"), li, left_misses)
-        elif side == "R" and name == rkey:
-            col = take(keys.pop("right"), ri, False)
-        elif side == "L":
-            col = take(fetch_left(name), li, left_misses)
-        else:
-            col = take(fetch_right(name), ri, right_misses)
+                col = take(col, li if side == "L" else ri,
+                           left_misses if side == "L" else right_misses)
+        except Exception as exc:  # noqa: BLE001 - raised below, after the last fetch
+            error, col = exc, None
+            keys.clear()
         columns[i] = col
+        del col
+    if error is not None:
+        raise error
     return pa.Table.from_arrays(columns, names=names)
 
 
