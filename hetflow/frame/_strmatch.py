@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.frame._arrays import _CHUNK, _single, empty, gather, to_numpy
-from hetflow.frame._hash import _KEEP_BYTES, _binary_parts
+from hetflow.frame._hash import _KEEP_BYTES, _binary_parts, _words
 from hetflow.frame._intmatch import KEEPS_LEFT, KEEPS_RIGHT, match, unmatched, with_unmatched
 
 #: The most right rows whose string or binary key :func:`hetflow.frame._localjoin.join` looks
@@ -65,9 +65,7 @@ def binary_equal_at(a: pa.Array, ai: np.ndarray, b: pa.Array, bi: np.ndarray) ->
     sides = []
     for arr in (a, b):
         offsets, data = _binary_parts(arr)
-        padded = np.zeros(len(data) + 8, np.uint8)  # every value's last word readable whole
-        padded[:len(data)] = data
-        words = np.ndarray(shape=(len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))
+        words = _words(data)
         valid = to_numpy(arr.is_valid()) if arr.null_count else None
         sides.append((offsets, words, valid))
     (ao, aw, av), (bo, bw, bv) = sides
