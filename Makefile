@@ -82,7 +82,7 @@ test-openmpi: openmpi $(UV)
 	HETFLOW_MPIEXEC=$(OMPI_MPIEXEC) OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
 	  $(OMPI_MPIEXEC) -n 1 $(OPENMPI)/bin/python -c "from mpi4py import MPI; v = MPI.Get_library_version(); print(v.splitlines()[0]); assert 'Open MPI' in v"
 	export HETFLOW_MPIEXEC=$(OMPI_MPIEXEC); $(call PYTEST,$(OPENMPI)) test_parity.py test_faults.py \
-	  test_shm.py test_rank_comms.py \
+	  test_shm.py test_rank_comms.py test_pool_kept_comms.py test_pool_world_exit.py \
 	  -k "(mpirun or pool) and not leaves_nothing or killed_before_it_unlinked or aborted_world or stale_message"
 
 # A Slurm test cluster on this host, two partitions of two nodes (root; installs slurm-wlm

@@ -69,11 +69,12 @@ def bind_rank_environment(resources: dict, local_rank: int) -> None:
 
 
 def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
-                keep_exception: bool = False) -> RankOutcome:
+                keep_exception: bool = False, user_comm=None) -> RankOutcome:
     """Run one rank's share of a task on ``comm`` (the task's communicator).
 
     The app gets ``comm.Dup()``, never ``comm`` itself, so library traffic and
-    user traffic can't cross. ``sys_path`` (the client's) is prepended first, so
+    user traffic can't cross; or ``user_comm``, a duplicate the caller keeps (and frees,
+    or not, itself). ``sys_path`` (the client's) is prepended first, so
     functions defined in the client's modules unpickle. Never raises: errors
     become the outcome.
     """
@@ -86,9 +87,11 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
         payload: TaskPayload = pickle.loads(payload_bytes)
     except Exception as exc:  # e.g. the function's module is not importable on this rank
         return error_outcome(rank, exc, started, time.time(), "could not unpickle the task: ")
-    with _capture(payload.files, rank) as capture, sampling(capture, payload.files):
+    with _capture(payload.files, rank) as capture, sampling(capture, payload.files, rank):
         arrive(comm)
-        user_comm = comm.Dup()
+        owned = user_comm is None
+        if owned:
+            user_comm = comm.Dup()
         own_umask = user_umask()
         failed = True
         try:
@@ -108,7 +111,8 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
             return outcome
         finally:
             os.umask(own_umask)
-            release_comm(user_comm, failed)
+            if owned:
+                release_comm(user_comm, failed)
     try:
         value_bytes = dumps(value)
     except Exception as exc:
@@ -171,6 +175,11 @@ _ARRIVE_FIRST_SLEEP, _ARRIVE_MAX_SLEEP = 1e-4, 5e-3
 _QUARANTINED: list = []
 
 
+def kept_comms() -> int:
+    """How many communicators of failed tasks this process keeps (see :func:`release_comm`)."""
+    return len(_QUARANTINED)
+
+
 def release_comm(comm, failed: bool) -> None:
     """Free a task's communicator, unless its task failed on this rank: then keep it for
     the life of the process. A peer may have sent on it what this rank never received (a
@@ -179,8 +188,10 @@ def release_comm(comm, failed: bool) -> None:
     message in the next task's first collective, which never completed (measured: a
     2-rank task whose rank 1 raised while rank 0 waited in ``Barrier``, then a 3-rank
     task on the same ranks). A persistent rank (pool, RAPTOR) keeps one or two per failed
-    task."""
-    if failed:
+    task, and each holds one of the MPI's context ids (MPICH has about 2,048): the pool
+    replaces a world whose ranks keep ``max_kept_comms``. A communicator of one rank is
+    freed all the same: no peer can have sent on it."""
+    if failed and comm.Get_size() > 1:
         _QUARANTINED.append(comm)
         return
     try:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass
 from typing import List, Optional
+
+from hetflow.executors import slurm_tool
+from hetflow.executors.slurm_tool import srun_prefix  # noqa: F401 - the pool's import
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,9 @@ class Allocation:
 
 def expand_hostlist(hostlist: str) -> List[str]:
     """Slurm's compressed host list (``n[1-2],login3``) as names, by ``scontrol`` if present."""
-    scontrol = shutil.which("scontrol")
-    if scontrol:
-        out = subprocess.run([scontrol, "show", "hostnames", hostlist], capture_output=True,
-                             text=True, timeout=30)
-        if out.returncode == 0 and out.stdout.split():
-            return out.stdout.split()
+    named = slurm_tool.hostnames(hostlist)
+    if named:
+        return named
     names = []
     for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", hostlist):
         match = re.fullmatch(r"(.*)\[(.*)\]", part)
@@ -84,21 +82,6 @@ def default_slots() -> int:
     machine's cores."""
     found = current()
     return found.total_cpus if found is not None else (os.cpu_count() or 1)
-
-
-def srun_prefix(launcher: List[str]) -> List[str]:
-    """An ``srun`` launcher prefix made safe for MPI worlds: ``--mpi=pmi2`` unless it names
-    a plugin (Slurm's default ``MpiDefault=none`` gives each rank a 1-rank world, silently;
-    the mpich wheel refuses PMIx), and ``--overlap`` (a world started while others hold
-    the allocation's CPUs, e.g. a replacement, would otherwise wait for them)."""
-    if not launcher or os.path.basename(launcher[0]) != "srun":
-        return list(launcher)
-    extra = []
-    if not any(arg == "--mpi" or arg.startswith("--mpi=") for arg in launcher[1:]):
-        extra.append("--mpi=pmi2")
-    if "--overlap" not in launcher[1:]:
-        extra.append("--overlap")
-    return [launcher[0], *extra, *launcher[1:]]
 
 
 REQUEST_KEYS = ("nodes", "ntasks", "partition", "time", "gpus_per_node", "args")
@@ -155,34 +138,20 @@ class BatchAllocation:
 
     def submit(self, name: str, timeout: Optional[float] = None) -> str:
         """Wait until Slurm grants the allocation; its job id."""
-        from hetflow.errors import LaunchError
-
         r = self.request
-        cmd = ["salloc", "--no-shell", f"--job-name={name}"]
-        cmd += [f"--nodes={r['nodes']}"] if r.get("nodes") else []
-        cmd += [f"--ntasks={r['ntasks']}"] if r.get("ntasks") else []
-        cmd += [f"--partition={r['partition']}"] if r.get("partition") else []
-        cmd += [f"--time={r['time']}"] if r.get("time") else []
-        cmd += [f"--gpus-per-node={r['gpus_per_node']}"] if r.get("gpus_per_node") else []
-        cmd += list(r.get("args", ()))
-        if timeout is not None:
-            cmd.append(f"--immediate={max(1, int(timeout))}")
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True,
-                                 timeout=None if timeout is None else timeout + 30)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise LaunchError(f"salloc failed: {exc}", command=cmd) from exc
-        found = re.search(r"Granted job allocation (\d+)", out.stderr)
-        if out.returncode != 0 or not found:
-            raise LaunchError(f"salloc did not grant an allocation ({out.returncode}): "
-                              f"{out.stderr.strip()}", command=cmd)
-        self.job_id = found.group(1)
+        options = [f"--job-name={name}"]
+        options += [f"--nodes={r['nodes']}"] if r.get("nodes") else []
+        options += [f"--ntasks={r['ntasks']}"] if r.get("ntasks") else []
+        options += [f"--partition={r['partition']}"] if r.get("partition") else []
+        options += [f"--time={r['time']}"] if r.get("time") else []
+        options += [f"--gpus-per-node={r['gpus_per_node']}"] if r.get("gpus_per_node") else []
+        self.job_id = slurm_tool.salloc([*options, *r.get("args", ())], timeout)
         return self.job_id
 
     def release(self) -> None:
         """Give the allocation back (idempotent)."""
         if self.job_id is not None:
-            subprocess.run(["scancel", self.job_id], capture_output=True, timeout=60)
+            slurm_tool.scancel(self.job_id)
             self.job_id = None
 
 
@@ -194,17 +163,8 @@ def partition_sinfo(field: str, partition: Optional[str] = None,
     one ``sinfo`` marks ``*``). Without a partition ``sinfo`` lists every partition, and
     a node in several is listed once in each. ``LaunchError`` (with sinfo's words) if
     ``sinfo`` fails."""
-    from hetflow.errors import LaunchError
-
     partition = partition or (os.environ.get(env_var) if env_var else None) or None
-    cmd = ["sinfo", "-h", "-o", f"%P {field}"] + (["-p", partition] if partition else [])
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise LaunchError(f"sinfo failed: {exc}", command=cmd) from exc
-    if out.returncode != 0:
-        raise LaunchError(f"sinfo failed ({out.returncode}): {out.stderr.strip()}", command=cmd)
-    rows = [line.split(None, 1) for line in out.stdout.splitlines() if line.strip()]
+    rows = slurm_tool.sinfo(field, partition)
     if partition is None:
         rows = [row for row in rows if row[0].endswith("*")]
     return [row[1].strip() for row in rows if len(row) == 2]

@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -47,15 +48,18 @@ from typing import Dict, Optional
 
 from parsl.executors.high_throughput.executor import DEFAULT_LAUNCH_CMD
 from parsl.executors.high_throughput.mpi_executor import MPIExecutor
+from parsl.launchers import SimpleLauncher
+from parsl.providers import LocalProvider, SlurmProvider
 
 from hetflow._guardian import start_ticks
 from hetflow import errors
 from hetflow.errors import ConfigError, LaunchError
 from hetflow.executors._parsl_worker import POLL_S, RANK_TMPDIR, run_mpi_task
 from hetflow.executors.kernel import Executor, Task
-from hetflow.executors.providers import Provider, provider_for
+from hetflow.executors import allocation as batch
+from hetflow.executors.providers import Placement, Provider, runtime_place
 from hetflow.executors._forensics import kill_tree
-from hetflow.executors.taskdir import TaskDir
+from hetflow.executors.taskdir import TaskDir, private_umask
 from hetflow.spec import Resources
 
 
@@ -95,6 +99,69 @@ def _parsl_commands() -> dict:
     return {"launch_cmd": DEFAULT_LAUNCH_CMD.replace(
         "process_worker_pool.py",
         f"{sys.executable} -m parsl.executors.high_throughput.process_worker_pool", 1)}
+
+
+# ---------------------------------------------------------------- the provider, translated
+def parsl_provider(place: Placement, worker_init: str):
+    """Parsl's ``ExecutionProvider`` of the worker pool's one block on ``place``: a
+    ``LocalProvider`` here, else the batch job's own (one task per node, ``slots_per_node``
+    CPUs each)."""
+    job = place.job
+    if job is None:
+        return _PrivateLocalProvider(launcher=SimpleLauncher(), init_blocks=1, min_blocks=1,
+                                     max_blocks=1, nodes_per_block=1, worker_init=worker_init)
+    if job.system not in _BATCH_PROVIDERS:
+        raise ConfigError(f"parsl has no ExecutionProvider for batch system {job.system!r} "
+                          f"(known: {sorted(_BATCH_PROVIDERS)})")
+    return _BATCH_PROVIDERS[job.system](
+        partition=job.partition, nodes_per_block=place.nodes,
+        cores_per_node=place.slots_per_node, exclusive=False,
+        walltime=_hms(job.walltime_s), init_blocks=1, min_blocks=1,
+        max_blocks=1, launcher=SimpleLauncher(),
+        scheduler_options="".join(f"{line}\n" for line in job.directives),
+        worker_init=worker_init)
+
+
+def nodefile_lines(place: Placement, path: str, slots: int) -> str:
+    """Write the worker pool's node file (one line per slot) now where ``place`` knows
+    its hosts, else return the shell line that writes it inside the block's job."""
+    if place.hosts is None:
+        return shlex.join([*place.job.hosts_command, path, str(slots)])
+    with open(path, "w") as fh:
+        fh.write("".join(f"{host}\n" for host in place.hosts))
+    return ""
+
+
+def hours_minutes_seconds(limit) -> str:
+    """A Slurm time limit (see ``allocation.time_limit_s``) as ``HH:MM:SS``."""
+    return _hms(batch.time_limit_s(limit, "parsl"))
+
+
+def _hms(total: int) -> str:
+    return f"{total // 3600:02d}:{total % 3600 // 60:02d}:{total % 60:02d}"
+
+
+class _PrivateLocalProvider(LocalProvider):
+    """Parsl's LocalProvider whose blocks (submit script, its output files, the worker
+    pool and everything under it) are created owner-only (see ``taskdir.private_umask``):
+    a block may be started later, by Parsl's strategy thread, outside ``hetflow.runtime``'s
+    start-up."""
+
+    def submit(self, command, tasks_per_node, job_name="parsl.localprovider"):
+        with private_umask():
+            return super().submit(command, tasks_per_node, job_name)
+
+
+class _PrivateSlurmProvider(SlurmProvider):
+    """Parsl's SlurmProvider whose submit scripts and job output are owner-only."""
+
+    def submit(self, command, tasks_per_node, job_name="parsl.slurm"):
+        with private_umask():
+            return super().submit(command, tasks_per_node, job_name)
+
+
+#: Parsl's ExecutionProvider for a provider's batch system.
+_BATCH_PROVIDERS = {"slurm": _PrivateSlurmProvider}
 
 
 def _worker_count(max_ranks) -> int:
@@ -149,15 +216,13 @@ class ParslMPIExecutor(Executor, MPIExecutor):
             raise ConfigError(f"heartbeat_threshold ({heartbeat_threshold}) must exceed "
                               f"heartbeat_period ({heartbeat_period})")
         #: Where the worker pool runs (hetflow's provider; ``self.provider`` is Parsl's).
-        self.runs_on = provider_for(slurm, provider)
-        self.runs_on.check("parsl")
-        if max_ranks is None:
-            max_ranks = self.runs_on.default_slots("parsl")
+        place = runtime_place(slurm, provider, max_ranks, gpus)
+        self.runs_on, max_ranks = place.provider, place.max_ranks
         super().__init__(
-            label, max_ranks=max_ranks,
-            gpus=self.runs_on.gpus_per_node() if gpus is None else gpus,
+            label, max_ranks=max_ranks, gpus=place.gpus,
             # From here on, MPIExecutor's options (the kernel passes them on).
-            provider=self.runs_on.parsl_provider(_worker_count(max_ranks), worker_init),
+            provider=parsl_provider(self.runs_on.placement(_worker_count(max_ranks)),
+                                    worker_init),
             address=address, **_parsl_commands(),
             max_workers_per_block=_worker_count(
                 (os.cpu_count() or 1) if max_ranks is None else max_ranks),
@@ -181,13 +246,15 @@ class ParslMPIExecutor(Executor, MPIExecutor):
         """Write the node file, point the worker pool at it, then start HTEX."""
         self.nodefile = os.path.join(self.run_root, "nodefile")
         bindir = os.path.dirname(os.path.abspath(self.python or sys.executable))
-        write_nodefile = self.runs_on.parsl_nodefile(self.nodefile, self.max_ranks)
+        place = self.runs_on.placement(self.max_ranks)
+        write_nodefile = nodefile_lines(place, self.nodefile, self.max_ranks)
         # The worker pool's multiprocessing Manager makes a 'pymp-*' dir in TMPDIR that
         # nobody removes when the pool is killed at shutdown: give the pool a TMPDIR of
         # its own, removed in _stop_runtime (the ranks get the client's back).
         self.worker_tmp = _short_private_dir(self.run_root)
         self.provider.worker_init = "\n".join(filter(None, [
             write_nodefile,
+            *(f"export {name}={shlex.quote(value)}" for name, value in place.env.items()),
             f"export PBS_NODEFILE={self.nodefile}",
             # Parsl's MPI mode reads $SLURM_NODELIST before $PBS_NODEFILE: inside an
             # allocation that would give it one entry per node, not one per slot.

@@ -2,224 +2,184 @@
 runs in, or a batch job of their own.
 
 The pool's MPI world, Parsl's worker pool and RADICAL-Pilot's pilot live as long as the
-runtime. Each runtime asks its provider the same few questions (how many rank slots by
-default, how they spread over nodes, how to start and end the job) and one or two of its
-own (the Parsl ``ExecutionProvider``, the RP resource config). ``slurm={...}`` on a
+runtime. A provider describes where they run in no runtime's terms, as a
+:class:`Placement` (nodes, rank slots per node, the hosts of the slots, a launcher
+prefix, the environment, and the batch job still to be submitted, if any); each runtime
+translates that description into its own configuration (the pool: its launcher;
+Parsl: an ``ExecutionProvider`` and a node file, in ``parsl_htex.py``; RADICAL-Pilot: a
+resource config and pilot fields, in ``radical/configs.py``). ``slurm={...}`` on a
 runtime is the shorthand for ``provider=SlurmJob({...})``; inside an allocation
 (``salloc``/``sbatch``) the default is :class:`CurrentAllocation`, else
 :class:`ThisMachine`.
 
-A batch system is one class: subclass :class:`Provider` and answer its questions for
-that system (``SlurmJob`` is the example). Every method's default means "this machine";
-:meth:`Provider.check` refuses what a runtime cannot do with the system's request.
+A batch system is one class: subclass :class:`Provider` and implement, for that system,
+
+- :meth:`~Provider.placement` (``slots`` rank slots): the nodes, slots per node, and
+  either the slots' hosts (known here) or a :class:`BatchJob` (``system``, e.g.
+  ``"pbs"``; partition/queue, walltime, the job script's directives such as
+  ``#PBS -l select=2:ngpus=4``, and ``hosts_command``, which writes the slots' hosts
+  from inside the job, from ``$PBS_NODEFILE``); after :meth:`~Provider.start`, the
+  launcher prefix that starts ranks in the job it was granted;
+- :meth:`~Provider.default_slots`: the slots a job gets when the user names none
+  (``pbsnodes``' CPUs of the queue's nodes);
+- :meth:`~Provider.start` / :meth:`~Provider.stop`: obtain the job (``qsub -I``-like, or
+  ``qsub`` of a sleeping script) for a runtime that launches into it, and give it back
+  (``qdel``);
+- :meth:`~Provider.job_in` / :meth:`~Provider.job_active`: find, and wait for the end
+  of, a job a runtime's own submitter made (``qstat``).
+
+Each runtime maps ``BatchJob.system`` to its own submitter (Parsl's ``PBSProProvider``,
+RP's ``PBSPRO`` resource manager): a runtime without one refuses the provider with a
+ConfigError naming the system. The PBS commands themselves belong in one module, as
+Slurm's do in ``slurm_tool.py``.
 """
 from __future__ import annotations
 
-from typing import List, Optional
-
-from parsl.launchers import SimpleLauncher
-from parsl.providers import LocalProvider, SlurmProvider
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
 
 from hetflow.errors import ConfigError
 from hetflow.executors import allocation as batch
-from hetflow.executors.taskdir import private_umask
+from hetflow.executors import slurm_tool
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """A batch job still to be submitted for a runtime's processes (by the runtime's own
+    submitter, or by :meth:`Provider.start`)."""
+
+    system: str                             # the batch system: "slurm"
+    partition: Optional[str] = None         # its partition/queue (None: the default)
+    walltime_s: int = 3600
+    directives: Tuple[str, ...] = ()        # job-script lines for what has no field
+    options: Tuple[str, ...] = ()           # the user's extra submit options (raw)
+    #: argv run inside the job, ``PATH COUNT`` appended: writes COUNT slot lines (hosts).
+    hosts_command: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a runtime's processes run, in no runtime's terms."""
+
+    nodes: int = 1
+    slots_per_node: Optional[int] = None    # None: every slot on this machine
+    hosts: Optional[Tuple[str, ...]] = None  # one host per slot, if known here
+    #: The ranks' prefix ("{ranks}" replaced; None: mpiexec here); with a job, in the job.
+    launcher: Optional[Tuple[str, ...]] = None
+    env: Dict[str, str] = field(default_factory=dict)   # what the processes need set
+    gpus_per_node: Optional[int] = None     # None: this machine's
+    #: The batch system whose allocation the nodes are (its environment names them).
+    batch_system: Optional[str] = None
+    job: Optional[BatchJob] = None          # a job still to be submitted (None: the place exists)
 
 
 class Provider:
-    """Where a runtime's long-lived processes run (see the module docstring)."""
+    """Where a runtime's long-lived processes run (see the module docstring). Every
+    method's default means "this machine"."""
 
-    #: RP resource label of hetflow's config for this kind of pilot.
-    rp_resource = "hetflow.local"
-
-    def default_slots(self, runtime: str) -> Optional[int]:
-        """Rank slots when the user gives no ``max_ranks`` (None: the kernel's default)."""
+    def default_slots(self, by_start: bool = False) -> Optional[int]:
+        """Rank slots when the user gives no ``max_ranks`` (None: the kernel's default).
+        ``by_start``: the job is the provider's own (:meth:`start`), not a runtime's."""
         return None
 
-    def ranks_per_node(self, slots: int) -> Optional[int]:
-        """How ``slots`` spread over the nodes, node-packed (None: all on this machine)."""
-        return None
+    def placement(self, slots: Optional[int]) -> Placement:
+        """Where ``slots`` rank slots run now (before or after :meth:`start`)."""
+        return Placement(hosts=("localhost",) * (slots or 0))
 
-    def gpus_per_node(self) -> Optional[int]:
-        """GPUs of each node the runtime's processes get (None: this machine's)."""
-        return None
-
-    def check(self, runtime: str) -> None:
-        """Raise ConfigError for what ``runtime`` cannot do with this provider's request."""
-
-    def start(self, runtime: str, name: str, slots: int) -> None:
-        """Wait until the processes' place exists (a job granted); before anything starts."""
+    def start(self, name: str, slots: int) -> None:
+        """Obtain the job of :meth:`placement` (if any) for a runtime that launches into
+        it; wait until it is granted."""
 
     def stop(self) -> None:
         """Give the place back (idempotent); after the processes ended."""
 
-    # ---- the pool: how the MPI world is launched
-    def pool_launcher(self) -> Optional[List[str]]:
-        """A launcher prefix for the pool's world (``{ranks}`` replaced), or None: mpiexec."""
+    def job_in(self, directory: str) -> Optional[str]:
+        """The batch job working under ``directory`` (one a runtime submitted), or None."""
         return None
 
-    # ---- Parsl: the ExecutionProvider of the worker pool's block, and its node list
-    def parsl_provider(self, slots: int, worker_init: str):
-        return _PrivateLocalProvider(launcher=SimpleLauncher(), init_blocks=1, min_blocks=1,
-                                     max_blocks=1, nodes_per_block=1, worker_init=worker_init)
-
-    def parsl_nodefile(self, path: str, slots: int) -> str:
-        """Write the worker pool's node file (one line per slot) now, or return the shell
-        line that writes it inside the block."""
-        with open(path, "w") as fh:
-            fh.write("localhost\n" * slots)
-        return ""
-
-    # ---- RADICAL-Pilot: hetflow's resource config and the pilot's fields
-    def rp_resource_config(self, cores: int, slots: int, tmpdir: str) -> dict:
-        """hetflow's RP resource config for a pilot claiming ``cores`` per node."""
-        from hetflow.executors.radical.configs import local_resource_config
-
-        return local_resource_config(cores)
-
-    def rp_environment(self) -> dict:
-        return {}
-
-    def rp_pilot_fields(self, cores: int, ranks_per_node: Optional[int]) -> dict:
-        return {"cores": cores}
-
-    def rp_job_id(self, sandbox: str) -> Optional[str]:
-        """The batch job that is the pilot, once it is active (None: none)."""
-        return None
-
-    def rp_cleanup(self, sandbox: str, job_id: Optional[str]) -> None:
-        """Remove what submitting the pilot left outside its sandbox."""
+    def job_active(self, job_id: str) -> bool:
+        """Whether the batch system still lists ``job_id``."""
+        return False
 
 
 class ThisMachine(Provider):
     """This machine: processes are the client's children."""
 
 
-class CurrentAllocation(Provider):
+class _Slurm(Provider):
+    """What every Slurm place answers alike: its jobs, found by ``squeue``."""
+
+    def job_in(self, directory: str) -> Optional[str]:
+        return slurm_tool.job_in(directory)
+
+    def job_active(self, job_id: str) -> bool:
+        return slurm_tool.job_listed(job_id)
+
+
+class CurrentAllocation(_Slurm):
     """Inside the Slurm allocation hetflow runs in: its nodes and CPUs (Hydra starts its
     proxies on them with ``srun``)."""
 
     def __init__(self, found: batch.Allocation):
         self.allocation = found
 
-    def default_slots(self, runtime: str) -> Optional[int]:
+    def default_slots(self, by_start: bool = False) -> Optional[int]:
         return self.allocation.total_cpus
 
-    def ranks_per_node(self, slots: int) -> Optional[int]:
-        return max(self.allocation.cpus)
-
-    def parsl_nodefile(self, path: str, slots: int) -> str:
-        # Hydra given "localhost" inside an allocation asks Slurm for a step there, and hangs.
-        with open(path, "w") as fh:
-            fh.write("".join(f"{node}\n" for node in self.allocation.slots(slots)))
-        return ""
-
-    def rp_resource_config(self, cores: int, slots: int, tmpdir: str) -> dict:
-        from hetflow.executors.radical.configs import local_resource_config
-
-        return local_resource_config(cores, self.allocation)
-
-    def rp_environment(self) -> dict:
-        # A step takes its nodes' CPUs: the worker's would hold them and every later step
-        # (an executable task, a replacement worker) wait; hetflow places within max_ranks.
-        return {"SLURM_OVERLAP": "1"}
-
-    def rp_pilot_fields(self, cores: int, ranks_per_node: Optional[int]) -> dict:
-        nodes = len(self.allocation.nodes)       # every node of the allocation, fully
-        return {"nodes": nodes, "cores": nodes * cores}
+    def placement(self, slots: Optional[int]) -> Placement:
+        # A step takes its nodes' CPUs: one that holds them would make every later step
+        # (a replacement, another task's) wait; hetflow places within max_ranks.
+        return Placement(nodes=len(self.allocation.nodes),
+                         slots_per_node=max(self.allocation.cpus),
+                         hosts=tuple(self.allocation.slots(slots or 0)),
+                         env={"SLURM_OVERLAP": "1"}, batch_system="slurm")
 
 
-class SlurmJob(Provider):
+class SlurmJob(_Slurm):
     """A Slurm job of the runtime's own, submitted from here as a user on a login node
     would: ``request`` holds ``nodes``, ``ntasks``, ``partition``, ``time`` (Slurm's format,
     default 60 minutes), ``gpus_per_node`` (asked of Slurm: ``--gpus-per-node``) and
-    ``args`` (more options). The pool's is an allocation
-    (``salloc``) its world is launched into with ``srun``; Parsl's a block of its
-    ``SlurmProvider``; RP's a pilot job (``sbatch`` through PSI/J)."""
-
-    rp_resource = "hetflow.slurm"
-    #: The environment variable holding the partition each submitting tool defaults to.
-    _PARTITION_ENV = {"pool": "SALLOC_PARTITION"}
+    ``args`` (more options). The pool's is an allocation (``salloc``, :meth:`start`) its
+    world is launched into with ``srun``; Parsl's a block of its ``SlurmProvider``; RP's
+    a pilot job (``sbatch`` through PSI/J)."""
 
     def __init__(self, request: dict):
         self.request = batch.check_request(request)
         self.nodes = int(self.request.get("nodes") or 1)
-        self.batch_allocation: Optional[batch.BatchAllocation] = None   # the pool's
+        self.walltime_s = batch.time_limit_s(self.request.get("time", 60), "the job")
+        self.batch_allocation: Optional[batch.BatchAllocation] = None   # start()'s
 
-    def default_slots(self, runtime: str) -> Optional[int]:
+    def default_slots(self, by_start: bool = False) -> Optional[int]:
+        # (the partition each submitting tool defaults to: salloc's is start()'s)
         return batch.request_slots(self.request,
-                                   self._PARTITION_ENV.get(runtime, "SBATCH_PARTITION"))
+                                   "SALLOC_PARTITION" if by_start else "SBATCH_PARTITION")
 
-    def ranks_per_node(self, slots: int) -> Optional[int]:
-        return -(-slots // self.nodes)
+    def placement(self, slots: Optional[int]) -> Placement:
+        gpus = self.request.get("gpus_per_node")
+        shape = dict(nodes=self.nodes, gpus_per_node=gpus, batch_system="slurm",
+                     slots_per_node=-(-slots // self.nodes) if slots else None)
+        # srun steps of start()'s allocation, once granted (a runtime's own job: in it).
+        granted = self.batch_allocation is not None and self.batch_allocation.job_id
+        shape["launcher"] = tuple(slurm_tool.srun_launcher(granted or None))
+        if granted:
+            return Placement(**shape)
+        args = tuple(self.request.get("args", ()))
+        return Placement(**shape, job=BatchJob(
+            "slurm", partition=self.request.get("partition"), walltime_s=self.walltime_s,
+            directives=tuple(f"#SBATCH {arg}" for arg in
+                             [*([f"--gpus-per-node={gpus}"] if gpus else []), *args]),
+            options=args,
+            hosts_command=(sys.executable, "-m", "hetflow.executors.allocation", "nodefile")))
 
-    def gpus_per_node(self) -> Optional[int]:
-        return self.request.get("gpus_per_node")
-
-    def check(self, runtime: str) -> None:
-        if runtime == "radical" and self.request.get("args"):
-            raise ConfigError("radical's pilot job takes nodes, ntasks, partition and "
-                              "time (RP writes the job script: no extra sbatch args)")
-
-    def start(self, runtime: str, name: str, slots: int) -> None:
-        if runtime == "pool":    # wait in the batch queue; the world is launched into it
-            self.batch_allocation = batch.BatchAllocation({"ntasks": slots, **self.request})
-            self.batch_allocation.submit(name)
+    def start(self, name: str, slots: int) -> None:
+        # Wait in the batch queue; the world is launched into the allocation.
+        self.batch_allocation = batch.BatchAllocation({"ntasks": slots, **self.request})
+        self.batch_allocation.submit(name)
 
     def stop(self) -> None:
         if self.batch_allocation is not None:
             self.batch_allocation.release()
-
-    def pool_launcher(self) -> Optional[List[str]]:
-        job = self.batch_allocation.job_id if self.batch_allocation is not None else None
-        return ["srun"] + ([f"--jobid={job}"] if job else []) + [
-            "--ntasks={ranks}", "--kill-on-bad-exit=0"]
-
-    def parsl_provider(self, slots: int, worker_init: str):
-        # One block, the job: ``slots`` CPUs over its nodes (--cpus-per-task of the one
-        # task per node Parsl asks for).
-        gpus = [f"--gpus-per-node={self.gpus_per_node()}"] if self.gpus_per_node() else []
-        options = "".join(f"#SBATCH {arg}\n" for arg in [*gpus, *self.request.get("args", ())])
-        return _PrivateSlurmProvider(
-            partition=self.request.get("partition"), nodes_per_block=self.nodes,
-            cores_per_node=-(-slots // self.nodes), exclusive=False,
-            walltime=hours_minutes_seconds(self.request.get("time", 60)),
-            init_blocks=1, min_blocks=1, max_blocks=1, launcher=SimpleLauncher(),
-            scheduler_options=options, worker_init=worker_init)
-
-    def parsl_nodefile(self, path: str, slots: int) -> str:
-        import shlex
-        import sys
-
-        # Inside the block's job, from its environment: the client cannot know the nodes.
-        return (f"{shlex.quote(sys.executable)} -m hetflow.executors.allocation "
-                f"nodefile {shlex.quote(path)} {slots}")
-
-    def rp_resource_config(self, cores: int, slots: int, tmpdir: str) -> dict:
-        from hetflow.executors.radical.configs import local_resource_config, slurm_resource_config
-
-        return {**local_resource_config(cores), **slurm_resource_config(
-            self.ranks_per_node(slots), cores, self.request, tmpdir)}
-
-    def rp_pilot_fields(self, cores: int, ranks_per_node: Optional[int]) -> dict:
-        from hetflow.executors.radical.configs import minutes
-
-        fields = {"nodes": self.nodes, "cores": self.nodes * ranks_per_node,
-                  "runtime": minutes(self.request.get("time", 60))}
-        if self.gpus_per_node():
-            fields["gpus"] = self.nodes * self.gpus_per_node()
-        if self.request.get("partition"):
-            fields["queue"] = self.request["partition"]
-        return fields
-
-    def rp_job_id(self, sandbox: str) -> Optional[str]:
-        from hetflow.executors.radical.configs import job_running_in
-
-        return job_running_in(sandbox)
-
-    def rp_cleanup(self, sandbox: str, job_id: Optional[str]) -> None:
-        from hetflow.executors.radical.configs import remove_psij_files
-
-        remove_psij_files(sandbox, job_id)
 
 
 def provider_for(slurm: Optional[dict] = None, provider: Optional[Provider] = None) -> Provider:
@@ -239,26 +199,25 @@ def provider_for(slurm: Optional[dict] = None, provider: Optional[Provider] = No
     return CurrentAllocation(found) if found is not None else ThisMachine()
 
 
-def hours_minutes_seconds(limit) -> str:
-    """A Slurm time limit (see ``allocation.time_limit_s``) as ``HH:MM:SS``."""
-    total = batch.time_limit_s(limit, "parsl")
-    return f"{total // 3600:02d}:{total % 3600 // 60:02d}:{total % 60:02d}"
+@dataclass(frozen=True)
+class RuntimePlace:
+    """What every runtime takes from its ``slurm=``/``provider=``/``max_ranks``/``gpus``
+    arguments: the provider, the rank slots and the GPUs per node."""
+
+    provider: Provider
+    max_ranks: Optional[int]
+    gpus: object
 
 
-class _PrivateLocalProvider(LocalProvider):
-    """Parsl's LocalProvider whose blocks (submit script, its output files, the worker
-    pool and everything under it) are created owner-only (see ``taskdir.private_umask``):
-    a block may be started later, by Parsl's strategy thread, outside ``hetflow.runtime``'s
-    start-up."""
-
-    def submit(self, command, tasks_per_node, job_name="parsl.localprovider"):
-        with private_umask():
-            return super().submit(command, tasks_per_node, job_name)
-
-
-class _PrivateSlurmProvider(SlurmProvider):
-    """Parsl's SlurmProvider whose submit scripts and job output are owner-only."""
-
-    def submit(self, command, tasks_per_node, job_name="parsl.slurm"):
-        with private_umask():
-            return super().submit(command, tasks_per_node, job_name)
+def runtime_place(slurm: Optional[dict], provider: Optional[Provider],
+                  max_ranks: Optional[int], gpus, by_start: bool = False) -> RuntimePlace:
+    """The one set-up of a runtime's place (the pool, Parsl and RADICAL-Pilot alike): the
+    provider its arguments name, ``max_ranks`` defaulting to the provider's slots and
+    ``gpus`` to its nodes' GPUs. ``by_start``: the runtime has the provider obtain its
+    job (:meth:`Provider.start`)."""
+    runs_on = provider_for(slurm, provider)
+    if max_ranks is None:
+        max_ranks = runs_on.default_slots(by_start)
+    if gpus is None:
+        gpus = runs_on.placement(None).gpus_per_node
+    return RuntimePlace(runs_on, max_ranks, gpus)

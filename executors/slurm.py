@@ -23,14 +23,13 @@ import math
 import os
 import re
 import shlex
-import shutil
-import subprocess
 import sys
 import threading
 import time
 from typing import Dict, Optional, Sequence
 
 from hetflow.errors import LaunchError
+from hetflow.executors import slurm_tool
 from hetflow.executors.allocation import partition_sinfo
 from hetflow.executors.kernel import Executor, Task
 from hetflow.executors.launch import tail, with_malloc_thp
@@ -48,20 +47,10 @@ _SRUN_REPORT = re.compile(r"srun: error: \S+: tasks? ([\d,-]+): (Killed|Exited w
                           r"|Terminated|Aborted|Segmentation fault)")
 
 
-def slurm_tool(name: str) -> str:
-    """The path of Slurm's ``name`` (``sbatch``, ``scontrol``, ...), or LaunchError."""
-    found = shutil.which(name)
-    if not found:
-        raise LaunchError(f"Slurm's {name!r} is not on PATH: the slurm runtime needs a Slurm "
-                          f"cluster (see `make slurm-up` for a test cluster)")
-    return found
-
-
 def partition_cpus(partition: Optional[str] = None) -> int:
     """How many CPUs the partition a batch job lands in has in all: ``partition``, else
     ``$SBATCH_PARTITION``, else the cluster's default (not every partition's: ``sinfo``
     lists each of them)."""
-    slurm_tool("sinfo")
     total = 0
     for line in partition_sinfo("%C", partition, "SBATCH_PARTITION"):
         try:
@@ -86,15 +75,6 @@ def partition_gpus(partition: Optional[str] = None) -> int:
             if found and nodes.isdigit():
                 total += int(nodes) * int(found.group(1))
     return total
-
-
-def job_info(job_id: str) -> Optional[Dict[str, str]]:
-    """``scontrol show job``'s fields for ``job_id``, or None once Slurm forgot it."""
-    out = subprocess.run([slurm_tool("scontrol"), "show", "job", "-o", str(job_id)],
-                         capture_output=True, text=True, timeout=30)
-    if out.returncode != 0:
-        return None
-    return dict(field.split("=", 1) for field in out.stdout.split() if "=" in field)
 
 
 def srun_deaths(report: str) -> Deaths:
@@ -145,8 +125,7 @@ class SlurmExecutor(Executor):
         # (the job's environment, sbatch --export=ALL)
         self.env = with_malloc_thp({**os.environ, **(env or {})})
         self.keep_task_dirs = keep_task_dirs
-        self.sbatch = slurm_tool("sbatch")
-        self.scancel = slurm_tool("scancel")
+        slurm_tool.require_batch()
 
     def _gpus_needed(self, resources) -> int:
         return 0          # Slurm queues the job until its GPUs are free
@@ -163,9 +142,9 @@ class SlurmExecutor(Executor):
     def _script(self, task: Task, taskdir: TaskDir) -> str:
         """The batch script: stamp the start, run the ranks under ``srun``, record its end."""
         res = task.resources
-        srun = [slurm_tool("srun"), "--mpi=pmi2", "--kill-on-bad-exit=1",
-                f"--ntasks={res.ranks}", f"--cpus-per-task={res.cores_per_rank}",
-                *_gpu_args(res), *self.srun_args, self.python, "-m", "hetflow.executors._rank", taskdir.path]
+        srun = [*slurm_tool.srun_step(res.ranks, res.cores_per_rank,
+                                      [*_gpu_args(res), *self.srun_args]),
+                self.python, "-m", "hetflow.executors._rank", taskdir.path]
         record = shlex.quote(taskdir.file(LAUNCHER))
         tmp = shlex.quote(taskdir.file("." + LAUNCHER + ".job.tmp"))
         # launcher.json (see taskdir): written atomically, read while the job runs.
@@ -189,7 +168,7 @@ class SlurmExecutor(Executor):
         res = task.resources
         script = taskdir.file("job.sh")
         write_private(script, self._script(task, taskdir).encode())
-        cmd = [self.sbatch, "--parsable", f"--job-name=hetflow-{self.label}-{task.id}",
+        cmd = [f"--job-name=hetflow-{self.label}-{task.id}",
                f"--ntasks={res.ranks}", f"--cpus-per-task={res.cores_per_rank}",
                f"--chdir={taskdir.path}", f"--output={taskdir.stdout}",
                f"--error={taskdir.stderr}", "--no-requeue", "--export=ALL", *_gpu_args(res)]
@@ -197,12 +176,7 @@ class SlurmExecutor(Executor):
             cmd.append(f"--partition={self.partition}")
         if res.walltime is not None:   # Slurm counts whole minutes: a backstop to ours
             cmd.append(f"--time={max(1, math.ceil(res.walltime / 60)) + 1}")
-        cmd += [*self.sbatch_args, script]
-        out = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=60)
-        if out.returncode != 0:
-            raise LaunchError(f"sbatch failed ({out.returncode}): {out.stderr.strip()}",
-                              command=cmd)
-        return out.stdout.strip().split(";")[0]
+        return slurm_tool.sbatch([*cmd, *self.sbatch_args, script], self.env)
 
     def _start(self, task: Task) -> None:
         taskdir = TaskDir(os.path.join(self.run_root, f"task-{task.id:06d}")).create(
@@ -244,7 +218,7 @@ class SlurmExecutor(Executor):
                 return int(info["returncode"]), ""
             if time.monotonic() - asked >= SLURM_POLL_S:
                 asked = time.monotonic()
-                state = job_info(job.id)
+                state = slurm_tool.job_info(job.id)
                 if state is None or state.get("JobState") in ENDED:
                     return self._ended_without_record(job, state)
             time.sleep(FILE_POLL_S)
@@ -267,8 +241,7 @@ class SlurmExecutor(Executor):
             return
         with job.lock:                          # a job being submitted gets its id first
             if job.id is not None:
-                subprocess.run([self.scancel, "--quiet", job.id], capture_output=True,
-                               timeout=60)
+                slurm_tool.scancel(job.id)
 
     def parsl_config_options(self) -> dict:
         return {}

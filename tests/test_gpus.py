@@ -79,14 +79,17 @@ def test_pool_gives_gpu_tasks_gpu_slots_and_cpu_tasks_the_others_first():
 
 def test_slurm_jobs_and_pilots_ask_slurm_for_gpus():
     from hetflow.executors import allocation, providers
+    from hetflow.executors.parsl_htex import parsl_provider
+    from hetflow.executors.radical import configs
     from hetflow.executors.slurm import _gpu_args
 
     assert _gpu_args(Resources(ranks=2, gpus_per_rank=1)) == ["--gpus-per-task=1"]
     assert _gpu_args(Resources(ranks=2)) == []
     job = providers.SlurmJob({"nodes": 2, "gpus_per_node": 4, "time": 5})
-    assert job.gpus_per_node() == 4
-    assert "#SBATCH --gpus-per-node=4\n" in job.parsl_provider(4, "").scheduler_options
-    assert job.rp_pilot_fields(4, 2)["gpus"] == 8
+    place = job.placement(4)
+    assert place.gpus_per_node == 4
+    assert "#SBATCH --gpus-per-node=4\n" in parsl_provider(place, "").scheduler_options
+    assert configs.pilot_fields(place, 4)["gpus"] == 8
     with pytest.raises(hetflow.ConfigError, match="gpus_per_node"):
         allocation.check_request({"gpus_per_node": "two"})
 

@@ -99,7 +99,7 @@ def _series(db):
     return series
 
 
-@pytest.mark.parametrize("name", ["pool", "mpirun"])
+@pytest.mark.parametrize("name", ["pool", "mpirun", "parsl", "radical", "slurm"])
 def test_parsl_resource_monitoring_records_every_rank(tmp_path, name):
     # The way a Parsl user turns it on: before, every task failed with RadioRequiredError.
     db = tmp_path / "monitoring.db"
@@ -129,11 +129,14 @@ def test_parsl_resource_monitoring_records_every_rank(tmp_path, name):
                             "FROM try WHERE task_id = 0").fetchall()
         states = [r[0] for r in con.execute("SELECT task_status_name FROM status WHERE "
                                             "task_id = 0 ORDER BY timestamp")]
-    assert tries[0][0] is not None and tries[0][2] == os.uname().nodename
+    # the host rank 0 ran on: this one, or the Slurm node of slurm's batch job
+    host = samples[0][0]["host"]
+    assert host == os.uname().nodename or name == "slurm"
+    assert tries[0][0] is not None and tries[0][2] == host
     assert "running" in states and "running_ended" in states
 
 
-@pytest.mark.parametrize("name", ["pool", "mpirun"])
+@pytest.mark.parametrize("name", ["pool", "mpirun", "parsl", "radical", "slurm"])
 def test_task_samples_without_parsl_monitoring(name):
     with hetflow.runtime(name, max_ranks=2, sample_s=0.1) as dfk:
         done = hold(0.5, 0)
@@ -147,6 +150,22 @@ def test_task_samples_without_parsl_monitoring(name):
         assert cpu == sorted(cpu) and cpu[-1] > cpu[0]
         assert all(s["cpu_percent"] >= 0 for s in rows) and rows[0]["cpu_percent"] == 0
     assert left == []              # the sample files went with the task
+
+
+def test_debug_runtime_samples_its_one_rank_the_client_process(tmp_path):
+    # The debug runtime's rank is the client's own process: its samples are that process's.
+    db = tmp_path / "monitoring.db"
+    with hetflow.runtime("debug", monitoring=_hub(db, 0.2)):
+        done = hold.options(ranks=1)(1.0, 0)
+        assert done.result(timeout=120) == 0
+        samples = hetflow.task_samples(done)
+    assert sorted(samples) == [0] and len(samples[0]) >= 3
+    assert {s["pid"] for s in samples[0]} == {os.getpid()}
+    assert samples[0][-1]["final"] and not samples[0][0]["final"]
+    cpu = [s["cpu_user_s"] + s["cpu_system_s"] for s in samples[0]]
+    assert cpu == sorted(cpu) and cpu[-1] > cpu[0]
+    assert _series(db) == {(0, 0): {os.getpid(): (len(samples[0]), max(
+        s["rss"] for s in samples[0]))}}
 
 
 def test_sampling_off_by_default_and_sample_s_checked():

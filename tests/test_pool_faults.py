@@ -112,3 +112,45 @@ def test_evidence_order_is_kept_cause_first():
     evidence = {2: ("was killed by signal 9", ""), 0: ("exited with code 1", "")}
     plan = settle_lost([0, 1, 2], busy, {5: RunningTask((0, 1, 2))}, evidence)
     assert list(plan.fail[5]) == [2, 0, 1]
+
+
+def test_a_task_whose_ranks_ended_through_no_fault_of_its_own_is_requeued_despite_evidence():
+    # Its rank exited with KILLED_EXIT (its world's ranks took the client for gone), or was
+    # killed before the task was sent to it: Worlds.not_its_doing says so; evidence exists.
+    busy = {0: 1, 1: 1}
+    evidence = {0: ("exited with code 86", "")}
+    plan = settle_lost([0], busy, {1: RunningTask((0, 1))}, evidence, innocent={1})
+    assert plan.requeue == [1] and plan.fail == {} and plan.stop == [1]
+    plan = settle_lost([0], busy, {1: RunningTask((0, 1), requeues=MAX_REQUEUES)}, evidence,
+                       innocent={1})
+    assert plan.requeue == [] and plan.fail == {1: {0: ("exited with code 86", "")}}
+    plan = settle_lost([0], busy, {1: RunningTask((0, 1))}, evidence)   # not innocent: fails
+    assert plan.requeue == [] and plan.fail == {1: {0: ("exited with code 86", "")}}
+
+
+def test_not_its_doing_reads_the_supervisors_records(tmp_path):
+    import time
+
+    from hetflow.executors._supervise import KILLED_EXIT
+    from hetflow.executors.pool.worlds import World, Worlds
+    from hetflow.executors.taskdir import TaskDir
+
+    worlds = Worlds(str(tmp_path), "tcp://127.0.0.1:1", command=lambda n: [], python="python",
+                    env={}, pin=False, mpiexec=None, send=lambda *a, **k: True,
+                    lost_after_s=10.0)
+    taskdir = TaskDir(str(tmp_path))
+    worlds.worlds[0] = World(0, 4, None, taskdir, [])
+    slots = [worlds.register(b"r%d" % r, {"world": 0, "rank": r, "pid": 100 + r, "host": "h"})
+             for r in range(4)]
+    sent = time.time()
+    taskdir.write_status(100, {"exitcode": KILLED_EXIT, "at": sent + 5})   # told to exit
+    taskdir.write_status(101, {"signal": 9, "at": sent - 1})               # before it was sent
+    taskdir.write_status(102, {"signal": 9, "at": sent + 1})               # while it ran
+    assert worlds.not_its_doing([slots[0].id], sent)
+    assert worlds.not_its_doing([slots[0].id, slots[1].id], sent)
+    assert not worlds.not_its_doing([slots[2].id], sent)
+    assert not worlds.not_its_doing([slots[0].id, slots[2].id], sent)
+    assert not worlds.not_its_doing([slots[3].id], sent)                   # no record at all
+    with open(taskdir.file("exit-0.json"), "w") as fh:                     # the task's os._exit
+        fh.write('{"exitcode": %d}' % KILLED_EXIT)
+    assert not worlds.not_its_doing([slots[0].id], sent)

@@ -81,3 +81,54 @@ def test_walltime_counts_from_the_ranks_start(shared_executor):
     times = hetflow.task_times(future)
     assert times.launched >= created - 0.02, (times, created)    # /proc's clock: 10 ms ticks
     assert times.launched <= times.started
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except OSError:
+        return False
+
+
+@hetflow.mpi_app(ranks=2, returns="all")
+def wait_for(comm, marker):
+    deadline = time.time() + 120
+    while not os.path.exists(marker) and time.time() < deadline:
+        time.sleep(0.05)
+    return comm.allreduce(1)
+
+
+@hetflow.mpi_app(ranks=1)
+def quick(comm):
+    return "ran"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="no autogroups here")
+@pytest.mark.on_shared_runtime("radical")
+def test_rp_daemons_stop_while_every_task_computes_and_continue_for_a_new_one(
+        shared_executor, tmp_path):
+    ex = shared_executor
+    base = os.path.abspath(ex.base)
+    marker = str(tmp_path / "go")
+    ex._yielder.frozen_max_s = 600      # no periodic continue: only a submit can wake RP
+    held = wait_for(marker)
+    deadline = time.time() + 120
+    while not ex._yielder.frozen:
+        assert time.time() < deadline and not held.done(), "RP's daemons were never stopped"
+        time.sleep(0.05)
+    stopped = [p.pid for p in session_processes(base) if _stopped(p.pid)]
+    assert len(stopped) >= 10, stopped            # bridges, components, agent, master
+    # A task submitted now is RP's to dispatch: its daemons continue first, and it runs
+    # (stopped, RP could not dispatch it before the 600 s above).
+    try:
+        assert quick().result(timeout=120) == "ran"
+    finally:
+        ex._yielder.frozen_max_s = 30.0
+        open(marker, "w").close()
+    assert held.result(timeout=120) == [2, 2]
+    deadline = time.time() + 60
+    while ex._yielder.frozen:
+        assert time.time() < deadline, "RP's daemons were not continued"
+        time.sleep(0.05)
+    assert not [p.pid for p in session_processes(base) if _stopped(p.pid)]

@@ -163,7 +163,7 @@ def test_pilot_slurm_requests_are_checked():
     with pytest.raises(hetflow.ConfigError, match="minutes or 'HH:MM:SS'"):
         ParslMPIExecutor(slurm={"nodes": 2, "time": "1-00"})
     # One reading of the time limit, in each pilot's unit: Parsl's HH:MM:SS, RP's minutes.
-    from hetflow.executors.providers import hours_minutes_seconds as _hours_minutes_seconds
+    from hetflow.executors.parsl_htex import hours_minutes_seconds as _hours_minutes_seconds
     from hetflow.executors.radical.configs import minutes as _minutes
     for limit, hms, minutes in [(30, "00:30:00", 30), ("90", "01:30:00", 90),
                                 ("01:02:03", "01:02:03", 63), (" 5 ", "00:05:00", 5)]:

@@ -22,7 +22,7 @@ from hetflow.errors import ExecutorBroken
 from hetflow.executors.payload import collect
 from hetflow.executors.kernel import Task
 from hetflow.executors.pool import wire
-from hetflow.executors.pool.faults import check_health, lose
+from hetflow.executors.pool.faults import check_health, lose, recycle, recycle_idle
 from hetflow.executors.pool.worlds import Worlds
 from hetflow.executors.watch import PEER_GRACE_S
 
@@ -47,6 +47,8 @@ class Broker:
         self.rejected = 0
         self.broken: Optional[str] = None
         self.tasks: Dict[int, Task] = {}        # tasks with ranks busy for them
+        #: Worlds replaced because a rank kept ``max_kept_comms`` communicators of failed tasks.
+        self.recycled = 0
         self.consolidating = False
         self.ready = threading.Event()
         self._inbox: deque = deque()
@@ -132,6 +134,7 @@ class Broker:
                 now = time.monotonic()
                 if now >= next_check:
                     check_health(self)
+                    recycle_idle(self)
                     next_check = now + (0.2 if busy else 1.0)
         except BaseException as exc:  # a dead broker must fail every future (logged)
             logger.exception("pool broker crashed")
@@ -268,6 +271,7 @@ class Broker:
                                   task.resources.cores_per_rank, task.payload)
         copy = len(task.payload) < wire.ZERO_COPY_BYTES
         task.handle.outcomes = {}
+        task.handle.sent = time.time()
         self.tasks[task.id] = task
         self.mpi.assign(task.slots, task.id)
         unreachable = [slot.id for slot in slots
@@ -275,16 +279,19 @@ class Broker:
         if unreachable:   # the rank vanished since it last spoke: same as a death under the task
             self.lost(unreachable, "rank unreachable when the task was sent", collateral=True)
 
-    def _on_outcome(self, identity: bytes, task_id: int, outcome) -> None:
+    def _on_outcome(self, identity: bytes, task_id: int, outcome, kept: int = 0) -> None:
         slot = self.mpi.slot_of(identity)
         if slot is None:
             return
         self.mpi.heard_from(slot)
+        self.mpi.kept(slot, kept)
         task = self.tasks.get(task_id)
         if slot.task == task_id and task is not None:
             self.mpi.vacate(slot)
             if not outcome.ok:              # before the slot is free for another task
                 self.mpi.retire_communicator(task.slots)
+            if kept >= self.pool.max_kept_comms:    # before the slot is free, too
+                recycle(self, slot)
             self._free([slot.id])
             run = task.handle
             outcome.rank = task.slots.index(slot.id)
@@ -292,6 +299,7 @@ class Broker:
             if len(run.outcomes) == len(task.slots):
                 self.deliver(task)
                 self.forget(task)
+                recycle_idle(self)
             elif not outcome.ok and not task.done:
                 # A rank raised: that is the task's result. Its peers may wait in a
                 # collective for it; those still busy after the grace are stopped.

@@ -57,7 +57,7 @@ from hetflow.executors.pool import wire
 from hetflow.executors.pool.broker import Broker
 from hetflow.executors.pool.scheduler import PoolScheduler
 from hetflow.executors.pool.worlds import Slot, World, Worlds, launcher_prefix
-from hetflow.executors.providers import Provider, provider_for
+from hetflow.executors.providers import Provider, runtime_place
 from hetflow.executors.taskdir import write_private
 from hetflow.resident import find_handles
 from hetflow.spec import Resources
@@ -75,6 +75,7 @@ class _Run:
     outcomes: dict = field(default_factory=dict)   # task rank -> outcome, as ranks report
     requeues: int = 0
     peer_grace: object = None           # the failed-peer deadline, once a rank raised
+    sent: float = 0.0                   # when it was last sent to its ranks (time.time())
 
 
 class PoolExecutor(Executor):
@@ -100,6 +101,11 @@ class PoolExecutor(Executor):
         ``provider=SlurmJob(...)``: the pool asks Slurm for an allocation as a batch user
         would from a login node, runs the world in it with ``srun --jobid``, and gives it
         back at shutdown; ``max_ranks`` defaults to ``ntasks``, else the nodes' CPUs.
+    max_kept_comms: a rank keeps the communicators of the tasks that failed on it (freeing
+        one a peer may still have sent on is unsafe, see ``_rank.release_comm``), and each
+        holds one of the MPI's context ids (MPICH has about 2,048); a world one of whose ranks
+        keeps this many is replaced by a fresh one once idle (``recycled`` counts them). The
+        default leaves room for the 512 cached communicators of the tasks' rank sets.
     authenticate: sign and check every message on the pool's socket (see ``wire``);
         False only to measure what that costs (``experiments/pool_bench.py --auth``).
 
@@ -119,18 +125,16 @@ class PoolExecutor(Executor):
                  python: Optional[str] = None, heartbeat_s: float = 1.0,
                  lost_after_s: float = 10.0, start_timeout: float = 120.0, max_bypass: int = 16,
                  slurm: Optional[dict] = None, provider: Optional[Provider] = None,
-                 authenticate: bool = True):
-        self.runs_on = provider_for(slurm, provider)
-        self.runs_on.check("pool")
-        if self.runs_on.pool_launcher() is not None:    # a place of its own: its launcher
+                 authenticate: bool = True, max_kept_comms: int = 512):
+        place = runtime_place(slurm, provider, max_ranks, gpus, by_start=True)
+        self.runs_on, where = place.provider, place.provider.placement(None)
+        if where.launcher is not None:    # a place of its own: its launcher
             if hostfile is not None or launcher is not None:
                 raise ConfigError("give slurm=/provider= (the pool asks for its own "
                                   "allocation) or hostfile=/launcher=, not both")
-            launcher = self.runs_on.pool_launcher()
-        if max_ranks is None:
-            max_ranks = self.runs_on.default_slots("pool")
-        super().__init__(label, max_ranks=max_ranks, max_bypass=max_bypass,
-                         gpus=self.runs_on.gpus_per_node() if gpus is None else gpus)
+            launcher = where.launcher
+        super().__init__(label, max_ranks=place.max_ranks, max_bypass=max_bypass,
+                         gpus=place.gpus)
         if hostfile is not None and not os.path.isfile(hostfile):
             raise ConfigError(f"hostfile {hostfile!r} does not exist")
         if hostfile is not None and launcher is not None:
@@ -148,6 +152,9 @@ class PoolExecutor(Executor):
         self.start_timeout = start_timeout
         self.extra_env = dict(env or {})
         self.authenticate = authenticate
+        if max_kept_comms < 1:
+            raise ConfigError(f"max_kept_comms must be at least 1, not {max_kept_comms}")
+        self.max_kept_comms = max_kept_comms
         self._signer = wire.Signer(None)
         self.uid = uuid.uuid4().hex[:12]
         #: What the pool did about faults, in order (also logged as warnings).
@@ -195,8 +202,10 @@ class PoolExecutor(Executor):
         task.handle = _Run(pinned=pinned)
 
     def _start_runtime(self) -> None:
-        self.runs_on.start("pool", f"hetflow-{self.label}", self.max_ranks)
-        self.launcher = self.runs_on.pool_launcher() or self.launcher
+        self.runs_on.start(f"hetflow-{self.label}", self.max_ranks)
+        where = self.runs_on.placement(self.max_ranks)     # (the launcher, once granted)
+        self.launcher = list(where.launcher or ()) or self.launcher
+        self.extra_env = {**where.env, **self.extra_env}
 
         # The key reaches the ranks as a 0600 file in the 0700 run dir (works on a shared
         # file system for multi-node pools); its path, never the key, is in their environment.
@@ -252,6 +261,11 @@ class PoolExecutor(Executor):
     def rejected(self) -> int:
         """Messages dropped for a wrong or missing signature (see the class docstring)."""
         return self._broker.rejected if self._broker is not None else 0
+
+    @property
+    def recycled(self) -> int:
+        """Worlds replaced because a rank kept ``max_kept_comms`` communicators."""
+        return self._broker.recycled if self._broker is not None else 0
 
     @property
     def _broken(self) -> Optional[str]:

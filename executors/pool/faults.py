@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hetflow.executors.launch import tail
 from hetflow.executors.taskdir import Deaths, describe
@@ -60,7 +60,8 @@ class Settlement:
 
 def settle_lost(lost: Sequence[int], busy: Mapping[int, int], tasks: Mapping[int, RunningTask],
                 evidence: Mapping[int, Death], *, collateral: bool = False,
-                blame: Optional[int] = None, max_requeues: int = MAX_REQUEUES) -> Settlement:
+                blame: Optional[int] = None, max_requeues: int = MAX_REQUEUES,
+                innocent: Collection[int] = ()) -> Settlement:
     """Decide what becomes of the tasks on slots ``lost``.
 
     ``busy``: slot -> the task it runs, for every live slot running one (lost slots
@@ -70,7 +71,9 @@ def settle_lost(lost: Sequence[int], busy: Mapping[int, int], tasks: Mapping[int
     went down with their world, or were unreachable, so a task with no death evidence
     is re-queued (at most ``max_requeues`` times) rather than failed; otherwise a lost
     rank with no evidence simply "died". ``blame``: the task the pool stopped these ranks for
-    (its result is decided elsewhere: it is only forgotten).
+    (its result is decided elsewhere: it is only forgotten). ``innocent``: tasks whose lost
+    ranks all ended through no fault of theirs (see :meth:`.worlds.Worlds.not_its_doing`):
+    re-queued like a collateral loss, whatever the evidence says.
     """
     plan = Settlement(lost=list(dict.fromkeys(lost)))
     gone = set(plan.lost)
@@ -98,7 +101,8 @@ def settle_lost(lost: Sequence[int], busy: Mapping[int, int], tasks: Mapping[int
         plan.stop += peers
         plan.lost += peers
         gone.update(peers)
-        if collateral and not deaths and task.requeues < max_requeues:
+        if ((collateral and not deaths) or task_id in innocent) and \
+                task.requeues < max_requeues:
             plan.requeue.append(task_id)
         else:
             plan.fail[task_id] = deaths
@@ -133,7 +137,9 @@ def lose(broker, slot_ids: List[int], why: str, *, collateral: bool = False,
         {tid: RunningTask(tuple(t.slots), t.done, t.handle.requeues)
          for tid, t in running.items()},
         broker.mpi.evidence([t.slots for t in running.values()], slot_ids),
-        collateral=collateral, blame=blame)
+        collateral=collateral, blame=blame,
+        innocent={tid for tid, t in running.items() if tid != blame and broker.mpi.not_its_doing(
+            [s for s in slot_ids if busy.get(s) == tid], t.handle.sent)})
     slots = broker.mpi.slots
     for slot_id in plan.stop:
         broker.mpi.kill(slots[slot_id])
@@ -208,3 +214,38 @@ def check_health(broker) -> None:
     if not broker.mpi.worlds and not broker.pool.stopping and not broker.consolidating:
         broker.broken = "every MPI world of the pool is gone"
         broker.fail_all()
+
+
+# ---------------------------------------------------------------------- kept communicators
+def recycle(broker, slot) -> None:
+    """``slot``'s rank keeps ``max_kept_comms`` communicators of failed tasks (each holds one
+    of the MPI's context ids, which run out: MPICH has about 2,048, and its world died at
+    the 1,023rd failed task): its world takes no more tasks and is replaced by a world of
+    its size once its running tasks end (:func:`recycle_idle`). Queued tasks wait for the
+    new world; resident data on the old one is lost."""
+    world = broker.mpi.worlds.get(slot.world)
+    if world is None or world.retiring or broker.consolidating or broker.pool.stopping:
+        return
+    with broker.pool.placement() as scheduler:
+        scheduler.hold(broker.mpi.recycle(world))
+    broker.event(f"world {world.id}: rank {slot.wrank} keeps {slot.kept_comms} communicators "
+                 f"of failed tasks (max_kept_comms={broker.pool.max_kept_comms}): replacing "
+                 "the world once its running tasks end")
+
+
+def recycle_idle(broker) -> None:
+    """Replace the worlds :func:`recycle` retired whose ranks are all idle now."""
+    if broker.consolidating or broker.pool.stopping:
+        return
+    for world in broker.mpi.idle_recycling():
+        alive = sorted((s for s in broker.mpi.slots_of(world) if s.alive),
+                       key=lambda s: not s.devices)
+        cores = [s.core for s in alive if s.core is not None]
+        devices = [d for s in alive for d in s.devices.split(",") if d]
+        broker.remove_slots(broker.mpi.retire(world))
+        broker.recycled += 1
+        if alive:
+            new = broker.mpi.launch(len(alive), cores=cores,
+                                    devices=devices if broker.pool.gpus else None)
+            broker.event(f"world {world.id} replaced by world {new.id} of {len(alive)} "
+                         f"rank(s) (communicators of failed tasks kept)")

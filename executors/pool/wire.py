@@ -161,22 +161,24 @@ def read_task_header(frame: bytes) -> Tuple[int, tuple, tuple, bool, int, int]:
     return pickle.loads(frame)
 
 
-def outcome_frames(task_id: int, outcome) -> list:
-    """A rank's outcome; its already-pickled value travels as its own frame (no second pickle)."""
+def outcome_frames(task_id: int, outcome, kept: int = 0) -> list:
+    """A rank's outcome; its already-pickled value travels as its own frame (no second pickle).
+    ``kept``: the communicators of failed tasks the rank keeps (``_rank.release_comm``)."""
     value, outcome.value = outcome.value, b""
-    return [OUTCOME, task_id.to_bytes(8, "little"),
+    return [OUTCOME, struct.pack("<QI", task_id, kept),
             pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL), value]
 
 
 def read_outcome(id_frame: bytes, outcome_frame: bytes, value: bytes):
-    """``(task_id, outcome)`` from an :data:`OUTCOME` message's frames, its value restored
+    """``(task_id, outcome, kept)`` from an :data:`OUTCOME` message's frames, its value restored
     (only ever called on an authenticated message; a malformed one raises)."""
     from hetflow.executors.payload import RankOutcome
 
-    if len(id_frame) != 8:
+    if len(id_frame) != 12:
         raise ValueError(f"task id frame of {len(id_frame)} bytes")
     outcome = pickle.loads(outcome_frame)
     if not isinstance(outcome, RankOutcome):
         raise TypeError(f"outcome frame holds a {type(outcome).__name__}")
     outcome.value = value
-    return int.from_bytes(id_frame, "little"), outcome
+    task_id, kept = struct.unpack("<QI", id_frame)
+    return task_id, outcome, kept

@@ -72,7 +72,12 @@ def _parent_alive(pid: int) -> bool:
 
 def _control_loop(ctx, address: str, identity: bytes, signer, real_exit, heartbeat_s: float,
                   orphan_s: float, client_pid: int) -> None:
-    """Heartbeats out, kill orders in; exit when the client is gone (no orphans)."""
+    """Heartbeats out, kill orders in; exit when the client is gone (no orphans).
+
+    On the client's host its pid says whether it is gone; acknowledgements only where it
+    runs elsewhere. A client alive but silent for ``orphan_s`` (its broker thread waiting for
+    the kernel's lock behind 100,000 queued tasks) had both ranks of a world end themselves,
+    and the pool failed the task one of them ran (the 100,000-task soak's one lost task)."""
     import zmq
 
     ctrl_id = wire.control_identity(identity)
@@ -97,9 +102,10 @@ def _control_loop(ctx, address: str, identity: bytes, signer, real_exit, heartbe
                 sys.stderr.flush()
                 real_exit(KILLED_EXIT)
             last_ack = time.monotonic()
-        if client_pid and not _parent_alive(client_pid):
-            real_exit(KILLED_EXIT)
-        if time.monotonic() - last_ack > orphan_s:
+        if client_pid:
+            if not _parent_alive(client_pid):
+                real_exit(KILLED_EXIT)
+        elif time.monotonic() - last_ack > orphan_s:
             real_exit(KILLED_EXIT)
 
 
@@ -117,7 +123,7 @@ def main(argv=None) -> int:
 
     from hetflow import resident
     from hetflow.executors._mpishm import forget_mpi_shm_names
-    from hetflow.executors._rank import release_comm, run_on_rank
+    from hetflow.executors._rank import kept_comms, release_comm, run_on_rank
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -145,7 +151,12 @@ def main(argv=None) -> int:
         "supervisor": os.getppid(), "host": socket.gethostname(),
         "devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")})))
 
-    comms = {}   # (world ranks, generation) -> communicator; the client decides what is cached
+    # world ranks -> (generation, communicator, the user's duplicate of it); the client decides
+    # what is cached. The user's is kept too: a rank that returned may hold a message its
+    # failed peer sent on it, and freeing it let the next communicator reuse its context id
+    # (Open MPI 4.1.4 crashed in the next COMM_SELF.Dup(), in mca_pml_ob1_add_comm).
+    comms = {}
+    stale = []   # cached communicators of a generation a failed task ended: kept, never freed
     while True:
         message = sock.recv_multipart(copy=False)
         frames = signer.check(wire.TO_RANK, identity, [f.buffer for f in message])
@@ -161,31 +172,40 @@ def main(argv=None) -> int:
             continue
         task_id, ranks, slots, cache, generation, cores_per_rank = \
             wire.read_task_header(bytes(frames[1]))
-        comm = comms.get((ranks, generation))
-        if comm is None:
+        cached = comms.get(ranks)
+        if cached is not None and cached[0] != generation:
+            stale.extend(c for c in comms.pop(ranks)[1:] if c not in (None, MPI.COMM_SELF))
+            cached = None
+        if cached is not None:
+            _, comm, user = cached
+        else:
+            user = None
             if len(ranks) == 1:
-                comm = MPI.COMM_SELF
+                comm = MPI.COMM_SELF             # run_on_rank's duplicate of it is freed
             else:
                 group = world.group.Incl(list(ranks))
                 comm = world.Create_group(group)
                 group.Free()
+                if cache:
+                    user = comm.Dup()
             if cache:
-                comms[ranks, generation] = comm
+                comms[ranks] = (generation, comm, user)
         os.environ["OMP_NUM_THREADS"] = str(cores_per_rank)
         # read by polars when first imported: a worker keeps its first task's pool size
         os.environ.setdefault("POLARS_MAX_THREADS", str(cores_per_rank))
         resident._enter_task(task_id, slots, slots[ranks.index(rank)], comm)
         try:
-            outcome = run_on_rank(frames[2], comm)
+            outcome = run_on_rank(frames[2], comm, user_comm=user)
         finally:
             resident._leave_task()
         if not cache and comm is not MPI.COMM_SELF:
             release_comm(comm, failed=not outcome.ok)
         # (a cached one of a failed task stays where it is: the pool moves the ranks'
-        # generation on, so it is never used again, nor freed)
+        # generation on, so it is never used again, nor freed; the pool replaces the world
+        # before the communicators kept so run out: the count travels with each outcome)
         copy = len(outcome.value) < wire.ZERO_COPY_BYTES
-        sock.send_multipart(signer.sign(wire.TO_POOL, identity,
-                                        wire.outcome_frames(task_id, outcome)), copy=copy)
+        frames = wire.outcome_frames(task_id, outcome, len(stale) + kept_comms())
+        sock.send_multipart(signer.sign(wire.TO_POOL, identity, frames), copy=copy)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip MPI_Finalize: it may wait on peers that died; the launcher reaps us either way.

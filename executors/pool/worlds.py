@@ -22,6 +22,7 @@ from hetflow.executors.pool import wire
 from hetflow.executors.pool.faults import rank_death
 from hetflow.executors.allocation import srun_prefix
 from hetflow.executors._forensics import ended, forget_recorded_shm, kill_tree
+from hetflow.executors._supervise import KILLED_EXIT
 from hetflow.executors.launch import launcher_env, launcher_flavour, with_malloc_thp
 from hetflow.executors.taskdir import PRIVATE_UMASK, TaskDir, private_dir
 from hetflow.executors.watch import EVIDENCE_GRACE_S
@@ -61,6 +62,7 @@ class Slot:
     devices: str = ""                    # its CUDA_VISIBLE_DEVICES, bound for life
     supervisor: int = 0                  # the rank's parent, which records how it ended
     dead_since: Optional[float] = None   # when it was first seen dead (evidence grace)
+    kept_comms: int = 0                  # communicators of failed tasks it keeps (its last word)
 
 
 @dataclass
@@ -75,6 +77,7 @@ class World:
     slot_ids: Dict[int, int] = field(default_factory=dict)   # world rank -> slot
     started: float = field(default_factory=time.monotonic)
     retiring: bool = False
+    recycling: bool = False              # retiring, to be replaced by a world of its size
     going_down: Optional[float] = None   # when a rank was first seen taken down (teardown)
     comm_keys: set = field(default_factory=set)
     comm_generation: Dict[tuple, int] = field(default_factory=dict)   # ranks -> after failures
@@ -183,6 +186,21 @@ class Worlds:
         """The rank reported its task's outcome: idle again."""
         slot.task = None
 
+    def kept(self, slot: Slot, count: int) -> None:
+        """The rank keeps ``count`` communicators of failed tasks (it says so with each outcome)."""
+        slot.kept_comms = count
+
+    def recycle(self, world: World) -> List[int]:
+        """``world`` takes no more tasks: it is replaced once idle (:meth:`idle_recycling`).
+        Its slot ids."""
+        world.retiring = world.recycling = True
+        return list(world.slot_ids.values())
+
+    def idle_recycling(self) -> List[World]:
+        """The worlds to be replaced whose live ranks all finished their tasks."""
+        return [w for w in self.worlds.values() if w.recycling and not any(
+            s.alive and s.task is not None for s in self.slots_of(w))]
+
     def mark_lost(self, slot_ids: Sequence[int]) -> None:
         """The ranks are gone for good (their tasks settled elsewhere)."""
         for slot_id in slot_ids:
@@ -290,6 +308,21 @@ class Worlds:
         if now - slot.dead_since >= EVIDENCE_GRACE_S:
             return False
         return not ended(slot.supervisor)
+
+    def not_its_doing(self, slot_ids: Sequence[int], sent: float) -> bool:
+        """Every one of these lost ranks ended through no fault of the task sent to them at
+        ``sent`` (``time.time()``): its supervisor recorded that it ended before the task was
+        sent, or that it exited with ``KILLED_EXIT`` (told to, or its client looked gone),
+        and it left no death record of its own (a task's crash, or its exit, leaves one)."""
+        for slot_id in slot_ids:
+            slot = self.slots[slot_id]
+            world = self.worlds.get(slot.world)
+            status = world.taskdir.load_status(slot.pid) if world is not None else None
+            if not status or slot.wrank in world.taskdir.own_deaths():
+                return False
+            if status.get("exitcode") != KILLED_EXIT and status.get("at", sent) >= sent:
+                return False
+        return bool(slot_ids)
 
     def evidence(self, tasks_slots, lost) -> Dict[int, Tuple[str, str]]:
         """How ranks ended, by slot, from their worlds' state dirs, for the slots of each task.

@@ -11,10 +11,12 @@ Four objects, each readable alone:
   probe, and the close.
 - :mod:`.worker` — the RAPTOR worker: a small state machine (starting, up, replaced,
   broken) whose decisions are the pure :func:`~.worker.judge_start`.
-- :mod:`.configs` — what RP is asked for: hetflow's resource configs, the descriptions of
-  the pilot, master and workers (:class:`~.configs.Descriptions`), PSI/J's clean-up.
+- :mod:`.configs` — what RP is asked for: the provider's placement translated into
+  hetflow's resource configs and the pilot's fields, the descriptions of the pilot,
+  master and workers (:class:`~.configs.Descriptions`), PSI/J's clean-up.
 
-Where the pilot runs is the runtime's provider (:mod:`hetflow.executors.providers`).
+Where the pilot runs is the runtime's provider (:mod:`hetflow.executors.providers`), whose
+runtime-neutral ``Placement`` :mod:`.configs` translates.
 Keeping RP from leaking processes, descriptors and environment is
 :mod:`.hygiene`; what RP loads in the pilot is :mod:`.raptor_master` and
 :mod:`.raptor_worker` (by path), and the ranks' side :mod:`.rank`.

@@ -1,17 +1,19 @@
 """What RADICAL-Pilot is asked for: hetflow's resource configs (this machine, the current
-Slurm allocation, a pilot that is a Slurm job), the RP descriptions of the pilot, its RAPTOR
+Slurm allocation, a pilot that is a Slurm job), translated from the provider's
+:class:`~hetflow.executors.providers.Placement`; the RP descriptions of the pilot, its RAPTOR
 master and workers, and the clean-up of what PSI/J (RP's job submitter) leaves behind.
 """
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from importlib import resources as importlib_resources
-from typing import Optional
+from typing import Callable, Optional
 
+from hetflow.errors import ConfigError
+from hetflow.executors.providers import BatchJob, Placement
 from hetflow.executors.radical import lowprio
 from hetflow.executors import allocation as batch
 
@@ -22,6 +24,50 @@ SLURM_RESOURCE = "hetflow.slurm"
 #: Where the RAPTOR master's and worker's classes live: RP loads them by path in the pilot,
 #: which runs this venv (hetflow's RP resources set ``virtenv`` to it).
 RAPTOR_DIR = os.path.dirname(os.path.abspath(__file__))
+#: RP's resource manager (and PSI/J's job manager scheme) for a provider's batch system.
+RESOURCE_MANAGERS = {"slurm": ("SLURM", "slurm")}
+
+
+# ---------------------------------------------------------------- the provider, translated
+def check(place: Placement) -> None:
+    """ConfigError for what a pilot cannot be on ``place``."""
+    for system in filter(None, [place.batch_system, place.job and place.job.system]):
+        if system not in RESOURCE_MANAGERS:
+            raise ConfigError(f"radical has no resource manager for batch system {system!r} "
+                              f"(known: {sorted(RESOURCE_MANAGERS)})")
+    if place.job is not None and place.job.options:
+        raise ConfigError("radical's pilot job takes nodes, ntasks, partition and "
+                          "time (RP writes the job script: no extra sbatch args)")
+
+
+def resource_label(place: Placement) -> str:
+    """hetflow's RP resource for ``place``: a pilot job of its own, or a pilot here."""
+    return SLURM_RESOURCE if place.job is not None else LOCAL_RESOURCE
+
+
+def resource_config(place: Placement, cores: int, tmpdir: str) -> dict:
+    """hetflow's RP resource configs for a pilot on ``place`` claiming ``cores`` per node."""
+    manager = RESOURCE_MANAGERS[place.batch_system][0] if place.batch_system else None
+    if place.job is None:
+        return local_resource_config(cores, manager)
+    return {**local_resource_config(cores), **slurm_resource_config(
+        place.slots_per_node, cores, place.job, tmpdir)}
+
+
+def pilot_fields(place: Placement, cores: int) -> dict:
+    """The pilot description's fields for ``place`` (``cores`` per node)."""
+    job = place.job
+    if job is None:
+        if place.batch_system is None:
+            return {"cores": cores}
+        return {"nodes": place.nodes, "cores": place.nodes * cores}   # every node, fully
+    fields = {"nodes": place.nodes, "cores": place.nodes * place.slots_per_node,
+              "runtime": _whole_minutes(job.walltime_s)}
+    if place.gpus_per_node:
+        fields["gpus"] = place.nodes * place.gpus_per_node
+    if job.partition:
+        fields["queue"] = job.partition
+    return fields
 
 
 class Descriptions:
@@ -59,11 +105,11 @@ def yield_cpu_env(yield_cpu: bool) -> dict:
     return {lowprio.ENV: "1" if yield_cpu else "0"}
 
 
-def local_resource_config(cores: int, allocation: Optional[batch.Allocation] = None) -> dict:
+def local_resource_config(cores: int, resource_manager: Optional[str] = None) -> dict:
     """hetflow's ``local`` resource: this machine, ``cores`` slots, the venv's MPI.
 
-    Inside a Slurm ``allocation`` the pilot's nodes are the allocation's (RP's
-    ``SLURM`` resource manager reads them from ``$SLURM_NODELIST``), ``cores`` per
+    Inside a batch allocation (``resource_manager``: RP's ``SLURM``) the pilot's nodes
+    are the allocation's (read from ``$SLURM_NODELIST``), ``cores`` per
     node: Hydra is then given the nodes' names, and starts its proxies on them with
     ``srun``. (Given ``localhost`` inside an allocation it asks Slurm for a step on a
     node the job does not have, and hangs.) The pilot's agent still runs here, where
@@ -73,8 +119,8 @@ def local_resource_config(cores: int, allocation: Optional[batch.Allocation] = N
         "resource_configs/resource_hetflow.json").read_text()
     config = json.loads(text)
     config["local"]["cores_per_node"] = cores
-    if allocation is not None:
-        config["local"]["resource_manager"] = "SLURM"
+    if resource_manager is not None:
+        config["local"]["resource_manager"] = resource_manager
     config["local"]["virtenv"] = sys.prefix
     # RP probes its launcher in the pilot's original environment (before the venv is
     # activated): put the venv's bin first so it finds, and launches with, the venv's MPI.
@@ -85,8 +131,8 @@ def local_resource_config(cores: int, allocation: Optional[batch.Allocation] = N
     return config
 
 
-def slurm_resource_config(cpus: int, cores: int, request: dict, tmpdir: str) -> dict:
-    """hetflow's ``slurm`` resource: the pilot is a Slurm job (RP submits it with
+def slurm_resource_config(cpus: int, cores: int, job: BatchJob, tmpdir: str) -> dict:
+    """hetflow's ``slurm`` resource: the pilot is a batch ``job`` (RP submits it with
     ``sbatch`` through PSI/J) asking for ``cpus`` per node, its agent runs in the job,
     its nodes are the job's (RP's ``SLURM`` resource manager), and Hydra starts the
     ranks on them with ``srun`` steps that overlap (as inside an allocation).
@@ -99,14 +145,15 @@ def slurm_resource_config(cpus: int, cores: int, request: dict, tmpdir: str) -> 
     """
     config = local_resource_config(cpus)["local"]
     bindir = os.path.dirname(sys.executable)
+    manager, scheme = RESOURCE_MANAGERS[job.system]
     config.update(
         description="hetflow: a pilot that is a Slurm job (written per run by "
                     "hetflow.executors.radical)",
         default_schema="batch",
-        schemas={"batch": {"job_manager_endpoint": "slurm://localhost/",
+        schemas={"batch": {"job_manager_endpoint": f"{scheme}://localhost/",
                            "filesystem_endpoint": "file://localhost/"}},
-        resource_manager="SLURM", fake_resources=False,
-        default_queue=request.get("partition") or "",
+        resource_manager=manager, fake_resources=False,
+        default_queue=job.partition or "",
         # RP's temp files go to the sandbox (as the local pilot's); Hydra's proxies are
         # Slurm steps that must not wait for each other's CPUs.
         pre_bootstrap_0=[f"export TMPDIR={tmpdir}", "export SLURM_OVERLAP=1",
@@ -119,37 +166,24 @@ def slurm_resource_config(cpus: int, cores: int, request: dict, tmpdir: str) -> 
 
 def minutes(limit) -> int:
     """A Slurm time limit (see ``allocation.time_limit_s``) in whole minutes, rounded up."""
-    return max(1, -(-batch.time_limit_s(limit, "radical") // 60))
+    return _whole_minutes(batch.time_limit_s(limit, "radical"))
 
 
-def job_running_in(sandbox: str) -> Optional[str]:
-    """The id of the Slurm job whose working directory is under ``sandbox`` (RP's pilot
-    job runs in its pilot sandbox; PSI/J names the job itself)."""
-    try:
-        out = subprocess.run(["squeue", "-h", "-o", "%i %Z"], capture_output=True, text=True,
-                             timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in out.splitlines():
-        job, _, workdir = line.partition(" ")
-        if workdir.startswith(sandbox + os.sep):
-            return job
-    return None
+def _whole_minutes(seconds: int) -> int:
+    return max(1, -(-seconds // 60))
 
 
-def remove_psij_files(sandbox: str, job_id: Optional[str]) -> None:
-    """Remove what PSI/J left in its work dir for the pilot job: the job script (it
-    names the sandbox) and its output file (named by the job id)."""
-    work = os.path.expanduser(os.path.join("~", ".psij", "work", "slurm"))
+def remove_psij_files(place: Placement, sandbox: str, job_id: Optional[str],
+                      job_active: Callable[[str], bool]) -> None:
+    """Remove what PSI/J left in its work dir for the pilot job on ``place`` (none for a
+    pilot here): the job script (it names the sandbox) and its output file (named by the
+    job id), once ``job_active`` (the provider's) says the job has ended."""
+    if place.job is None:
+        return
+    work = os.path.expanduser(os.path.join("~", ".psij", "work", RESOURCE_MANAGERS[
+        place.job.system][1]))
     deadline = time.monotonic() + 30     # the job writes its output file as it ends
-    while job_id is not None and time.monotonic() < deadline:
-        try:
-            listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"],
-                                    capture_output=True, text=True, timeout=30).stdout.split()
-        except (OSError, subprocess.TimeoutExpired):
-            break
-        if job_id not in listed:
-            break
+    while job_id is not None and time.monotonic() < deadline and job_active(job_id):
         time.sleep(0.2)
     try:
         names = os.listdir(work)

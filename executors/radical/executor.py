@@ -26,9 +26,9 @@ from hetflow.errors import ConfigError, ExecutorBroken, LaunchError
 from hetflow.executors._forensics import kill_launch_of
 from hetflow.executors.kernel import Executor, Task
 from hetflow.executors.launch import hydra_deaths
-from hetflow.executors.providers import Provider, ThisMachine, provider_for
+from hetflow.executors.providers import Provider, ThisMachine, runtime_place
 from hetflow.executors.radical.hygiene import session_processes
-from hetflow.executors.radical import priority
+from hetflow.executors.radical import configs, priority
 from hetflow.executors.radical.configs import LOCAL_RESOURCE, SLURM_RESOURCE, Descriptions
 from hetflow.executors.radical.pilot import FINAL, Pilot, text
 from hetflow.executors.radical.worker import RaptorWorker, worker_lost
@@ -108,13 +108,12 @@ class RadicalExecutor(Executor):
             raise ConfigError("give slurm=/provider= (hetflow's resource configs) or "
                               "resource=/config_dir=, not both")
         # A site's own resource config says where its pilot runs: the provider is not asked.
-        provider = ThisMachine() if resource not in (None, LOCAL_RESOURCE, SLURM_RESOURCE) \
-            else provider_for(slurm, provider)
-        provider.check("radical")
-        if max_ranks is None:
-            max_ranks = provider.default_slots("radical")
-        super().__init__(label, max_ranks=max_ranks,
-                         gpus=provider.gpus_per_node() if gpus is None else gpus)
+        if resource not in (None, LOCAL_RESOURCE, SLURM_RESOURCE):
+            provider = ThisMachine()
+        place = runtime_place(slurm, provider, max_ranks, gpus)
+        provider = place.provider
+        configs.check(provider.placement(None))
+        super().__init__(label, max_ranks=place.max_ranks, gpus=place.gpus)
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
         if (resource is None) != (config_dir is None) and resource not in (
@@ -127,7 +126,7 @@ class RadicalExecutor(Executor):
             raise ConfigError(f"startup_timeout must be > 0 seconds, got {startup_timeout!r}")
         #: Where the pilot runs (see hetflow.executors.providers).
         self.runs_on = provider
-        self.resource = resource or provider.rp_resource
+        self.resource = resource or configs.resource_label(provider.placement(None))
         self.sandbox_dir = sandbox_dir
         self.keep_sandbox = keep_sandbox
         self.mode = mode
@@ -141,7 +140,7 @@ class RadicalExecutor(Executor):
                            restarts=self.restarts, yield_cpu=yield_cpu)
         self.worker = RaptorWorker(
             self.pilot, ranks=self.max_ranks, start_s=startup_timeout,
-            ranks_per_node=provider.ranks_per_node(self.max_ranks),
+            ranks_per_node=self.pilot.place.slots_per_node,
             descriptions=descriptions, restarts=self.restarts, on_broken=self._worker_broken,
             stopping=lambda: self.stopping)
         self._running: Dict[str, Task] = {}         # RP uid -> task, under _running_lock
@@ -186,7 +185,7 @@ class RadicalExecutor(Executor):
         raptor = self.mode != "exec"
         self.pilot.open(base, self._state_cb, self.worker if raptor else None)
         if self.pilot.yield_cpu:
-            self._yielder = priority.Yielder(busy=self._ranks_busy,
+            self._yielder = priority.Yielder(busy=self._ranks_busy, still=self._ranks_still,
                                              processes=lambda: session_processes(base))
             self._yielder.start()
         if raptor:
@@ -205,6 +204,23 @@ class RadicalExecutor(Executor):
             if pids and not all(taskdir.has_outcome(rank) for rank in pids):
                 return True
         return False
+
+    def _ranks_still(self) -> bool:
+        """Whether every task RP holds has all its ranks computing (started, alive, no
+        outcome yet): RP has nothing to do until one ends, and its daemons may be stopped."""
+        with self._running_lock:
+            tasks = list(self._running.values())
+        for task in tasks:
+            pids = task.handle.taskdir.pids()
+            if task.error is not None or len(pids) < task.resources.ranks or any(
+                    task.handle.taskdir.has_outcome(r) or not priority.alive(p) for r, p in pids.items()):
+                return False
+        return bool(tasks)
+
+    def _thaw(self) -> None:
+        """RP's daemons run before RP is handed anything (see ``priority.Yielder``)."""
+        if self._yielder is not None:
+            self._yielder.thaw()
 
     def _stop_runtime(self) -> None:
         if self._yielder is not None:
@@ -245,6 +261,7 @@ class RadicalExecutor(Executor):
         handle.uid, handle.failed_seen = description["uid"], None
         with self._running_lock:
             self._running[handle.uid] = task
+        self._thaw()
         try:
             submit([description])
         except Exception as exc:
@@ -279,6 +296,7 @@ class RadicalExecutor(Executor):
         handle: Optional[_InPilot] = task.handle
         if handle is None:
             return           # not submitted yet: _start sees task.error and stops it
+        self._thaw()
         if handle.path == "raptor" and not self.stopping:
             self._recycle(task)
             return
@@ -378,6 +396,7 @@ class RadicalExecutor(Executor):
         kernel's (cancel, walltime) or else the ranks' reports, read before the worker is
         killed (killing it ends every rank).
         """
+        self._thaw()
         with self._running_lock:
             if self._running.pop(uid or task.handle.uid, None) is None:
                 return       # reported, or recycled by another thread, meanwhile

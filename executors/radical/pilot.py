@@ -86,6 +86,8 @@ class Pilot:
                  startup_timeout: float, max_ranks: int, descriptions: Descriptions,
                  restarts: List[str], yield_cpu: bool = True):
         self.provider = provider
+        #: Where the pilot runs, in no runtime's terms (translated by .configs).
+        self.place = provider.placement(max_ranks)
         self.resource = resource
         self.config_dir = config_dir
         self.options = options
@@ -150,7 +152,7 @@ class Pilot:
                     shutil.copy(os.path.join(self.config_dir, name), configs_dir)
         tmp = os.path.join(self.base, "tmp")
         if self.resource in (LOCAL_RESOURCE, SLURM_RESOURCE):
-            config = self.provider.rp_resource_config(self.cores(), self.max_ranks, tmp)
+            config = configs.resource_config(self.place, self.cores(), tmp)
             with open(os.path.join(configs_dir, "resource_hetflow.json"), "w") as fh:
                 json.dump(config, fh, indent=1)
         env = {"RADICAL_CONFIG_USER_DIR": config_root,
@@ -173,7 +175,7 @@ class Pilot:
                    ([priority.write_shims(os.path.join(self.base, "bin"))]
                     if self.yield_cpu else [])
                    + [os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
-               **self.provider.rp_environment()}
+               **self.place.env}
         os.makedirs(tmp, exist_ok=True)
         # The client's own temp dir is fixed before TMPDIR changes (tempfile caches it).
         self.rank_env = {"TMPDIR": tempfile.gettempdir()}
@@ -190,7 +192,7 @@ class Pilot:
         enough (fake) cores that RP never blocks a task hetflow admitted. On several nodes
         that is per node: the worker places its ranks node by node (``ranks_per_node``),
         the rest is room."""
-        per_node = self.provider.ranks_per_node(self.max_ranks)
+        per_node = self.place.slots_per_node
         if per_node is None:
             return 2 * self.max_ranks + 1
         return 1 + per_node + self.max_ranks
@@ -218,8 +220,7 @@ class Pilot:
         description = {"resource": self.resource, "runtime": 24 * 60,
                        "sandbox": self.sandbox, "exit_on_error": False}
         if self.resource in (LOCAL_RESOURCE, SLURM_RESOURCE):
-            description.update(self.provider.rp_pilot_fields(
-                self.cores(), self.provider.ranks_per_node(self.max_ranks)))
+            description.update(configs.pilot_fields(self.place, self.cores()))
         description.update(self.options)
         t0 = time.time()
         pilot = self.pmgr.submit_pilots([rp.PilotDescription(
@@ -231,7 +232,8 @@ class Pilot:
             raise LaunchError(f"RADICAL-Pilot pilot on {self.resource!r} is {pilot.state} after "
                               f"{time.time() - t0:.0f} s (startup_timeout={self.startup_timeout})",
                               logs=[self.sandbox])
-        self.slurm_job_id = self.provider.rp_job_id(self.sandbox)
+        self.slurm_job_id = (self.provider.job_in(self.sandbox)
+                             if self.place.job is not None else None)
         # RP's bootstrap chmods its scripts 0755 (all else it makes is owner-only: it runs
         # with the runtime's umask 077, see hetflow._private): hetflow keeps them private.
         tighten(self.sandbox)
@@ -386,7 +388,8 @@ class Pilot:
             release_client_handles(self.base, self._rp_before)
         end_leftovers(self.base, self._rp_children)
         self._rp_children = []
-        self.provider.rp_cleanup(self.sandbox, self.slurm_job_id)
+        configs.remove_psij_files(self.place, self.sandbox, self.slurm_job_id,
+                                  self.provider.job_active)
         restore_environment(self.saved_env)
         self.timings["close_s"] = time.time() - t0
 

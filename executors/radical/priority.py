@@ -34,6 +34,7 @@ The shims import nothing; the master and worker use ``executors/radical/lowprio.
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import sys
 import threading
@@ -125,6 +126,15 @@ def daemon_sessions(processes, client_sid: int) -> Dict[int, int]:
     return {sid: pid for sid, pid in sessions.items() if sid != client_sid and sid not in ranks}
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` (of this node) lives and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 def set_group_nice(pid: int, nice: int, tries: int = 30) -> bool:
     """Set the autogroup nice of ``pid``'s session (the kernel allows one change per 0.1 s
     system-wide to an unprivileged user: EAGAIN is waited out)."""
@@ -148,20 +158,42 @@ class Yielder:
     core: a task's completion kept waiting behind a load of 78, measured). Raising ~16 groups
     takes ~1.6 s for a user without CAP_SYS_ADMIN (the kernel allows one change per 0.1 s).
 
-    ``busy()``: whether some task's ranks are computing; ``processes()``: the pilot
-    session's processes.
+    Lowered, RP's ~16 groups still took 0.26-0.33 cores of a 2-core node from a 2-rank task
+    (each nice-19 group weighs 15 against a rank's 1024; measured, experiments/runtime_cost.py).
+    So while *every* task RP holds has all its ranks computing (``still()``: RP has nothing
+    to do until one ends), its daemons are stopped (SIGSTOP) after ``after_s``, and continued
+    for ``thaw_for_s`` every ``frozen_max_s`` (RP's heartbeats time out after minutes) and
+    at once by :meth:`thaw`, which the runtime calls before it hands RP anything (a submit, a
+    cancel, a worker's recycling) and which the loop calls as soon as a task's ranks end.
+    The processes that start the ranks (``PARENTS_OF_RANKS``) are never stopped. A stopped
+    process dies by SIGKILL as any other (the guardian's way).
+
+    ``busy()``: whether some task's ranks are computing; ``still()``: whether all of RP's
+    tasks are (None: never freeze); ``processes()``: the pilot session's processes.
     """
 
     def __init__(self, busy: Callable[[], bool], processes: Callable[[], list],
-                 after_s: float = 1.0, period_s: float = 0.25):
-        self.busy, self.processes = busy, processes
+                 after_s: float = 1.0, period_s: float = 0.25,
+                 still: Optional[Callable[[], bool]] = None,
+                 frozen_max_s: float = 30.0, thaw_for_s: float = 1.0):
+        self.busy, self.processes, self.still = busy, processes, still
         self.after_s, self.period_s = after_s, period_s
+        self.frozen_max_s, self.thaw_for_s = frozen_max_s, thaw_for_s
         self.lowered = False
-        #: How many times RP's sessions were lowered (a test reads it).
+        #: How many times RP's sessions were lowered, and its daemons stopped (tests read it).
         self.lowerings = 0
+        self.freezes = 0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._sessions: Dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._frozen: list = []            # pids stopped now
+        self._frozen_at = 0.0
+        self._hold_until = 0.0             # no freeze before (monotonic)
+
+    @property
+    def frozen(self) -> bool:
+        return bool(self._frozen)
 
     def start(self) -> None:
         if not os.path.exists("/proc/self/autogroup"):
@@ -173,20 +205,64 @@ class Yielder:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.thaw()
         if self.lowered:
             self._set(0)
 
+    def thaw(self, hold_s: Optional[float] = None) -> None:
+        """Continue RP's stopped daemons now; no freeze for ``hold_s`` (default ``after_s``)."""
+        with self._lock:
+            self._hold_until = time.monotonic() + (self.after_s if hold_s is None else hold_s)
+            frozen, self._frozen = self._frozen, []
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+
+    def _freeze(self) -> None:
+        pids = []
+        for proc in self.processes():
+            try:
+                line = " ".join(proc.cmdline())
+            except Exception:  # noqa: BLE001 - psutil.Error: gone
+                continue
+            if is_daemon(line) and not is_rank_parent(line) and "bootstrap_0.sh" not in line:
+                pids.append(proc.pid)
+        with self._lock:
+            if time.monotonic() < self._hold_until or self._frozen:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                    self._frozen.append(pid)
+                except OSError:
+                    pass
+            self._frozen_at = time.monotonic()
+            self.freezes += 1
+
     def _run(self) -> None:
-        since = None
+        since = still_since = None
         while not self._stop.wait(self.period_s):
             busy = self.busy()
-            since = (since or time.monotonic()) if busy else None
-            if busy and not self.lowered and time.monotonic() - since >= self.after_s:
+            now = time.monotonic()
+            since = (since or now) if busy else None
+            if busy and not self.lowered and now - since >= self.after_s:
                 self._sessions = daemon_sessions(self.processes(), os.getsid(0))
                 self._set(NICE)
                 self.lowerings += 1
             elif not busy and self.lowered:
+                self.thaw()
                 self._set(0)
+            if self.still is None:
+                continue
+            still = busy and self.still()
+            still_since = (still_since or now) if still else None
+            if self._frozen and (not still or now - self._frozen_at >= self.frozen_max_s):
+                self.thaw(hold_s=None if not still else self.thaw_for_s)
+            elif still and not self._frozen and now - still_since >= self.after_s \
+                    and now >= self._hold_until:
+                self._freeze()
 
     def _set(self, nice: int) -> None:
         for pid in self._sessions.values():
