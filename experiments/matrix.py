@@ -1,8 +1,8 @@
 """The engine's shape matrix: group-by, join and sort over every column type hetflow's local
 kernels meet, hetflow at 1 and 2 ranks against polars and DuckDB on as many threads, every
-hetflow result compared with polars' on the same rows.
+hetflow and DuckDB result compared with polars' on the same rows.
 
-``python -m hetflow.experiments.matrix [--rows 500000] [--rounds 3] [--json out.json]``
+``python -m hetflow.experiments.matrix [--rows 500000] [--rounds 3] [--quick] [--json out.json]``
 
 Cells (:func:`cells`):
 - group-by, the value axis: ``sum, mean, min, max, count`` of a value column of every integer
@@ -11,8 +11,9 @@ Cells (:func:`cells`):
 - group-by, the key axis: the sum of an int64 column by a key of each of those types and
   string, large_string and dictionary (string values), with and without nulls, the same group
   counts where the type holds them;
-- join: an inner join on an int32, int64, string or large_string key with a right side of 10,
-  10k or N rows (N the left's), its keys unique or each repeated 4 times;
+- join: an inner join on a key of each of those types (where it holds the right side's
+  keys), with and without nulls (20%, on both sides: a null matches nothing), with a right
+  side of 10, 10k or N rows (N the left's), its keys unique or each repeated 4 times;
 - sort: by one key of each type, with and without nulls.
 
 Rounds are interleaved: each round runs hetflow on 1 rank, the peers on 1 thread, hetflow on 2
@@ -38,6 +39,10 @@ INTS = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"
 NUMERIC = INTS + ["float32", "float64"]
 KEYS = NUMERIC + ["string", "large_string", "dictionary"]
 GROUPS = {"10": 10, "100": 100, "100k": 100_000, "N": None}
+#: A join's right-side rows for a left side of ``rows``.
+RIGHT = {"10": lambda rows: 10, "10k": lambda rows: 10_000, "N": lambda rows: rows}
+#: ``--quick``: the size of a run that checks every cell in minutes.
+QUICK = {"rows": 20_000, "rounds": 1}
 _SELF = os.path.abspath(__file__)
 
 
@@ -59,10 +64,14 @@ def _cells(rows: int) -> List[dict]:
             for nulls in (False, True):
                 out.append(dict(op="groupby", axis="key", key=key, value="int64", nulls=nulls,
                                 groups=groups))
-    for key in ("int32", "int64", "string", "large_string"):
+    for key in KEYS:
         for right in ("10", "10k", "N"):
             for repeated in (False, True):
-                out.append(dict(op="join", key=key, right=right, repeated=repeated))
+                if not _holds(key, int(1.2 * RIGHT[right](rows))):
+                    continue
+                for nulls in (False, True):
+                    out.append(dict(op="join", key=key, right=right, repeated=repeated,
+                                    nulls=nulls))
     for key in KEYS:
         for nulls in (False, True):
             out.append(dict(op="sort", key=key, nulls=nulls))
@@ -80,7 +89,8 @@ def name(cell: dict) -> str:
                 f"groups={cell['groups']}{' nulls' if cell['nulls'] else ''}")
     if cell["op"] == "join":
         return (f"join key={cell['key']} right={cell['right']}"
-                f"{' repeated' if cell['repeated'] else ' unique'}")
+                f"{' repeated' if cell['repeated'] else ' unique'}"
+                f"{' nulls' if cell['nulls'] else ''}")
     return f"sort key={cell['key']}{' nulls' if cell['nulls'] else ''}"
 
 
@@ -116,13 +126,13 @@ def tables(cell: dict, rows: int, rank: int, ranks: int) -> dict:
     if cell["op"] == "sort":
         return {"t": pa.table({"k": _column(cell["key"], rng.integers(0, rows, n), cell["nulls"],
                                             rng), "v": pa.array(np.arange(lo, hi))})}
-    right = {"10": 10, "10k": 10_000, "N": rows}[cell["right"]]
-    distinct = right // 4 if cell["repeated"] else right
-    left = pa.table({"k": _column(cell["key"], rng.integers(0, int(distinct * 1.2), n), False,
-                                  rng), "a": pa.array(np.arange(lo, hi))})
+    right = RIGHT[cell["right"]](rows)
+    distinct = max(1, right // 4) if cell["repeated"] else right
+    left = pa.table({"k": _column(cell["key"], rng.integers(0, int(distinct * 1.2), n),
+                                  cell["nulls"], rng), "a": pa.array(np.arange(lo, hi))})
     rlo, rhi = right * rank // ranks, right * (rank + 1) // ranks
     rkeys = np.arange(rlo, rhi) % distinct
-    return {"t": left, "r": pa.table({"k": _column(cell["key"], rkeys, False, rng),
+    return {"t": left, "r": pa.table({"k": _column(cell["key"], rkeys, cell["nulls"], rng),
                                       "b": pa.array(rkeys * 2)})}
 
 
@@ -181,12 +191,17 @@ def hetflow_query(cell: dict, comm, parts: dict):
 
 def _equal(cell: dict, got, t, r) -> bool:
     import polars as pl
-    import pyarrow as pa
     expected = polars_query(cell, pl.from_arrow(t), None if r is None else pl.from_arrow(r))
-    expected = expected.to_arrow()
-    if cell["key"] == "dictionary":
+    return _same(cell, got, expected.to_arrow())
+
+
+def _same(cell: dict, got, expected) -> bool:
+    """Whether an engine's result ``got`` equals polars' ``expected`` (rows in any order,
+    floats to 6 decimals; a sort by its keys' order, ties in any order)."""
+    import pyarrow as pa
+    if pa.types.is_dictionary(got.schema.field("k").type):
         got = got.set_column(0, "k", got.column("k").cast(pa.string()))
-    if cell["op"] == "sort":   # the keys' order (ties in any order)
+    if cell["op"] == "sort":
         return got.column("k").to_pylist() == expected.column("k").to_pylist()
     return _canonical(got) == _canonical(expected.rename_columns(got.column_names))
 
@@ -247,7 +262,7 @@ def peer_worker(args) -> None:
         if first:
             first = None
             continue
-        out[name(cell)] = (p, d, got.num_rows == expected.height)
+        out[name(cell)] = (p, d, _same(cell, got, expected.to_arrow()))
     with open(args.out, "w") as fh:
         json.dump(out, fh)
 
@@ -278,6 +293,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=500_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true",
+                    help=f"every cell checked at {QUICK['rows']:,} rows in {QUICK['rounds']} "
+                         "round (its times are not evidence)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--json")
     ap.add_argument("--select", default="", help="only the cells whose name this regular expression finds")
@@ -286,6 +304,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.quick:
+        args.rows, args.rounds = QUICK["rows"], QUICK["rounds"]
     if args.worker == "hetflow":
         hetflow_worker(args)
         return 0

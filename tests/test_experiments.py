@@ -9,6 +9,7 @@ identical from the results file alone.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import re
@@ -220,6 +221,55 @@ def test_engine_scaling_bench_runs_from_a_checkout():
     assert [op for op, _, _ in bounds] == ["join", "sort"], run.stdout
 
 
+@pytest.mark.timeout(300)
+def test_shape_matrix_checks_every_engine_against_polars(tmp_path):
+    # a few of the matrix's cells at a small size: join keys of a narrow int, a float and a
+    # dictionary type with nulls (on both sides), hetflow at 1 and 2 ranks and DuckDB each
+    # compared whole with polars
+    from hetflow.experiments import matrix
+
+    select = r"^join key=(uint8|float32|dictionary) right=10 unique"
+    assert len(matrix.cells(3000, select)) == 6
+    run = subprocess.run([sys.executable, "-m", "hetflow.experiments.matrix", "--rows", "3000",
+                          "--rounds", "1", "--select", select], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=280)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = re.findall(r"^(join key=\S+ right=10 unique(?: nulls)?)\s.* (yes|NO)$", run.stdout, re.M)
+    assert len(rows) == 6 and all(eq == "yes" for _, eq in rows), run.stdout
+
+
+@pytest.mark.timeout(400)
+def test_engine_memory_per_rank_is_counted_against_the_partition(tmp_path):
+    # bench_engine --memory at a small size: every op and key kind, every rank, in bytes
+    run = subprocess.run([sys.executable, "-m", "hetflow.experiments.bench_engine", "--memory",
+                          "--rows", "1000000", "--ranks", "2", "--json", str(tmp_path / "m.json")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    found = json.loads((tmp_path / "m.json").read_text())["memory"]
+    assert sorted(found) == sorted(f"{op} {kind}" for op in ("join", "sort", "groupby")
+                                   for kind in ("int64", "string"))
+    for cell, ranks in found.items():
+        assert [m["rank"] for m in ranks] == [0, 1], cell
+        for m in ranks:
+            # the input is resident: the peak is at least the base plus the partition
+            assert m["peak_reset"] and m["data_mib"] - m["base_mib"] > 0.5 * m["partition_mib"]
+            assert m["peak_mib"] >= m["data_mib"] and m["output_mib"] > 0, (cell, m)
+
+
+@pytest.mark.timeout(400)
+def test_int64_join_and_sort_peak_within_three_partitions():
+    # Issue 41's goal, in bytes: at 2.5M rows per rank and table (int64 key and value), each
+    # rank's peak resident set above its base is at most 3x its input partition (2.9x here:
+    # the input itself, the output and the scratch). The string keys' and the group-by's
+    # figures are reported by bench_engine --memory (above 3x: docs/engine.md).
+    from hetflow.experiments import engine_memory
+
+    for op in ("join", "sort"):
+        for m in engine_memory.launch(op, "int64", 2_500_000, 2, timeout=300):
+            whole, _ = engine_memory.ratios(m)
+            assert 1.0 < whole <= engine_memory.GOAL, (op, m)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("pycylon") is None,
                     reason="pycylon is not importable here (not on PyPI; see docs/engine.md)")
 def test_engine_scaling_bench_times_cylon_beside_hetflow(tmp_path):
@@ -314,6 +364,14 @@ def test_analytics_checks_catch_a_wrong_result():
     assert parts == analytics.digest(ref)
     assert analytics.digest(ref) != analytics.digest(ref.set_column(1, "v_int_sum",
                                                                     pa.array([1, 3, 2])))
+    # a held-out query's top 2 per group: lists, compared whole after the keys' sort
+    top = next(q for q in analytics.QUERIES if q.aggs == (("v3", "nlargest_2"),))
+    ref = pa.table({"id6": pa.array([2, 1], pa.int32()),
+                    "v3_nlargest_2": pa.array([[9.5, 1.0], [3.0]], pa.large_list(pa.float64()))})
+    same = pa.table({"id6": [1, 2], "v3_nlargest_2": [[3.0], [9.5, 1.0]]})
+    assert analytics.compare(ref, same, top) is None
+    assert analytics.compare(ref, same.set_column(1, "v3_nlargest_2", pa.array([[3.0], [9.5, 2.0]])),
+                             top) == "column v3_nlargest_2: values differ"
 
 
 # --------------------------------------------------------------------------- the pipeline

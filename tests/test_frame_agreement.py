@@ -11,7 +11,8 @@ import pickle
 import pyarrow as pa
 from mpi4py import MPI
 from hetflow import frame
-from hetflow.frame import _aggregate, _engine, _localjoin, _localsort
+from hetflow.frame import (_aggregate, _engine, _intmatch, _localjoin, _localsort, _prepare,
+                           _strmatch)
 import mpiutil
 
 comm = MPI.COMM_WORLD
@@ -20,11 +21,14 @@ table = frame.from_local(comm, pa.table({"k": pa.array([i % 7 for i in range(50)
                                          "v": pa.array([float(rank * 50 + i) for i in range(50)])}))
 
 
-def failing(module, name, ranks):
+def failing(module, name, ranks, after=0):
+    # module.name raising on ranks from its call after + 1 on
     real = getattr(module, name)
+    calls = [0]
 
     def fault(*args, **kwargs):
-        if rank in ranks:
+        calls[0] += 1
+        if rank in ranks and calls[0] > after:
             raise MemoryError(f"injected into {name} on rank {rank}")
         return real(*args, **kwargs)
     setattr(module, name, fault)
@@ -34,8 +38,8 @@ def failing(module, name, ranks):
 outcomes = {}
 
 
-def case(label, module, name, ranks, fn):
-    restore = failing(module, name, ranks)
+def case(label, module, name, ranks, fn, after=0):
+    restore = failing(module, name, ranks, after)
     try:
         fn()
         outcomes[label] = {"kind": "ok"}
@@ -65,14 +69,26 @@ case("groupby mean: finishing fails on every other rank", _aggregate, "finish",
 words = frame.from_local(comm, table.local.append_column(
     "s", pa.array([f"w{i % 5}" for i in range(50)])))
 tiny = frame.from_local(comm, pa.table({"k": pa.array([rank], pa.int64()), "w": [1.5]}))
-case("join: matching fails on the last rank", _localjoin, "match", last,
+case("join: matching fails on the last rank", _intmatch, "match", last,
      lambda: table.join(table, on="k").local.num_rows)
-case("join: matching by hash fails on rank 1", _localjoin, "match_by_hash", middle,
+case("join: matching by hash fails on rank 1", _strmatch, "match_by_hash", middle,
      lambda: words.join(words, on="s").local.num_rows)
 case("join: the local join fails on the last rank", _localjoin, "join", last,
      lambda: table.join(table, on=["k", "v"]).local.num_rows)
 case("join: the broadcast join fails on rank 1", _localjoin, "join", middle,
      lambda: table.join(tiny, on="k").local.num_rows)
+# the streamed joins' output: the key column's take is call 1, then each payload column is
+# exchanged when the output gathers it (no batching: BATCH_BYTES -1) and taken; a rank fails
+# after a payload column moved, while the other ranks go on to the next column's exchange,
+# which the failed rank still serves
+_prepare.BATCH_BYTES, batch_bytes = -1, _prepare.BATCH_BYTES
+wide = frame.from_local(comm, table.local.append_column("u", pa.array(range(50), pa.int32()))
+                        .append_column("s", words.local.column("s")))
+case("join: the output's second column fails on the last rank", _localjoin, "take", last,
+     lambda: wide.join(wide, on="k").local.num_rows, after=2)
+case("join: the string key's output fails on rank 1", _localjoin, "take", middle,
+     lambda: wide.join(wide, on="s").local.num_rows, after=1)
+_prepare.BATCH_BYTES = batch_bytes
 case("sort: the local sort fails on the last rank", _localsort, "sort_order", last,
      lambda: table.sort("v").local.num_rows)
 case("unique: first rows fail on rank 1", _engine, "first_rows", middle,
@@ -108,6 +124,8 @@ def test_error_after_data_moved_fails_every_rank(ranks):
                "join: matching by hash fails on rank 1": ("match_by_hash", [1]),
                "join: the local join fails on the last rank": ("join", last),
                "join: the broadcast join fails on rank 1": ("join", [1]),
+               "join: the output's second column fails on the last rank": ("take", last),
+               "join: the string key's output fails on rank 1": ("take", [1]),
                "sort: the local sort fails on the last rank": ("sort_order", last),
                "unique: first rows fail on rank 1": ("first_rows", [1]),
                "intersect: first rows fail on the last rank": ("first_rows", last)}

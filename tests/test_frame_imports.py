@@ -99,7 +99,7 @@ def test_the_table_is_data_and_the_adapter_leaves_the_cpu_engine_alone():
     assert {t for t, _, _ in graph["_table"]} <= {"_backend", "_arrays"}
     # pycylon's adapter never calls back into the CPU engine's operations
     cpu_engine = {"_join", "_sort", "_groupby", "_unique", "_shuffle", "_setops", "_localjoin",
-                  "_localsort", "_aggregate", "_prepare", "__init__"}
+                  "_intmatch", "_strmatch", "_localsort", "_aggregate", "_prepare", "__init__"}
     assert not {t for t, _, _ in graph["_pycylon"]} & cpu_engine
 
 

@@ -159,7 +159,7 @@ import pyarrow as pa
 import polars as pl
 from mpi4py import MPI
 from hetflow import frame
-from hetflow.frame import _hash, _localjoin
+from hetflow.frame import _hash, _intmatch
 from frame_cases import same_rows
 import mpiutil
 
@@ -183,8 +183,8 @@ for dtype in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint32, np.uin
                                 keys.view(np.int64), stride) == r
             a, b = keys[keep], rng.permutation(keys[keep])[: max(1, keep.sum() // 2)]
             for how in ("inner", "left", "right", "outer"):
-                got = _localjoin.match(pa.array(a), pa.array(b), how, stride)
-                exp = _localjoin.match(pa.array(a), pa.array(b), how)
+                got = _intmatch.match(pa.array(a), pa.array(b), how, stride)
+                exp = _intmatch.match(pa.array(a), pa.array(b), how)
                 if sorted(zip(*map(list, got))) != sorted(zip(*map(list, exp))):
                     failures.append(f"match {np.dtype(dtype)} stride={stride} [{low}, {high}] {how}")
 
@@ -266,10 +266,10 @@ def test_wide_integer_keys_match_by_bucket_as_the_sort_merge_does(monkeypatch):
     import numpy as np
     import pyarrow as pa
 
-    from hetflow.frame import _localjoin, _localsort
+    from hetflow.frame import _intmatch, _localsort
 
     def sort_merge(a, b, how):
-        return _localjoin._match_sorted(_localsort.numeric_key(a), _localsort.numeric_key(b),
+        return _intmatch._match_sorted(_localsort.numeric_key(a), _localsort.numeric_key(b),
                                         how)
 
     def pairs(found):
@@ -285,22 +285,22 @@ def test_wide_integer_keys_match_by_bucket_as_the_sort_merge_does(monkeypatch):
             keys[:2] = [info.min, info.max][:len(keys)]
             a, b = rng.choice(keys, rows), rng.choice(keys, rows + 3)
             for how in hows:
-                assert pairs(_localjoin.match(pa.array(a), pa.array(b), how)) == \
+                assert pairs(_intmatch.match(pa.array(a), pa.array(b), how)) == \
                     pairs(sort_merge(a, b, how)), (np.dtype(dtype), rows, how)
     # 512 buckets for 2,000 right rows: about 6 other keys' rows beside each match
-    buckets = _localjoin._buckets
-    monkeypatch.setattr(_localjoin, "_buckets", lambda x, bits: buckets(x, 9))
+    buckets = _intmatch._buckets
+    monkeypatch.setattr(_intmatch, "_buckets", lambda x, bits: buckets(x, 9))
     keys = rng.integers(-2**62, 2**62, 1500)
     a, b = rng.choice(keys, 3000), rng.choice(keys, 2000)
     for how in hows:
-        found = _localjoin._match_hashed(a, b, how)
+        found = _intmatch._match_hashed(a, b, how)
         assert found is not None and pairs(found) == pairs(sort_merge(a, b, how)), how
     monkeypatch.undo()
     # one key on 1,000 rows of each side: a million pairs, beyond the bucket match's limit
     a = np.concatenate([np.full(1000, 7), rng.integers(-2**62, 2**62, 1000)])
     b = np.concatenate([np.full(1000, 7), rng.integers(-2**62, 2**62, 1000)])
-    assert _localjoin._match_hashed(a, b, "inner") is None
-    assert pairs(_localjoin.match(pa.array(a), pa.array(b), "inner")) == \
+    assert _intmatch._match_hashed(a, b, "inner") is None
+    assert pairs(_intmatch.match(pa.array(a), pa.array(b), "inner")) == \
         pairs(sort_merge(a, b, "inner"))
 
 
@@ -365,7 +365,7 @@ def test_binary_keys_compare_equal_pair_by_pair():
     import numpy as np
     import pyarrow as pa
 
-    from hetflow.frame import _localjoin
+    from hetflow.frame import _strmatch
 
     rng = np.random.default_rng(5)
     words = ["", "a", "abcdefgh", "abcdefgi", "abcdefghX", "abcdefghY", "q" * 23 + "1",
@@ -381,7 +381,7 @@ def test_binary_keys_compare_equal_pair_by_pair():
         bi = rng.integers(0, len(b), 5000).astype(np.int32)
         la, lb = a.to_pylist(), b.to_pylist()
         want = [la[i] is not None and la[i] == lb[j] for i, j in zip(ai, bi)]
-        got = _localjoin.binary_equal_at(a, ai, b, bi)
+        got = _strmatch.binary_equal_at(a, ai, b, bi)
         assert got.tolist() == want, typ
         assert got.any() and not got.all()
 
@@ -397,13 +397,13 @@ def test_unique_right_keys_match_by_one_lookup(monkeypatch):
     import numpy as np
     import pyarrow as pa
 
-    from hetflow.frame import _localjoin, _localsort
+    from hetflow.frame import _intmatch, _localsort
 
     def pairs(found):
         return sorted(zip(found[0].tolist(), found[1].tolist()))
 
     def sort_merge(a, b, how):
-        return _localjoin._match_sorted(_localsort.numeric_key(a), _localsort.numeric_key(b),
+        return _intmatch._match_sorted(_localsort.numeric_key(a), _localsort.numeric_key(b),
                                         how)
 
     def check(a, b, stride=1):
@@ -411,21 +411,21 @@ def test_unique_right_keys_match_by_one_lookup(monkeypatch):
         want = [where.get(int(k), -1) for k in a.tolist()]
         hits = [i for i, r in enumerate(want) if r >= 0]
         A, B = pa.array(a), pa.array(b)
-        li, ri = _localjoin.match(A, B, "left", stride, identity=True)
+        li, ri = _intmatch.match(A, B, "left", stride, identity=True)
         assert li is None and ri.tolist() == want
-        li, ri = _localjoin.match(A, B, "left", stride)
+        li, ri = _intmatch.match(A, B, "left", stride)
         assert li.tolist() == list(range(len(a))) and ri.tolist() == want
-        li, ri = _localjoin.match(A, B, "inner", stride, identity=True)
+        li, ri = _intmatch.match(A, B, "inner", stride, identity=True)
         assert li.tolist() == hits and ri.tolist() == [want[i] for i in hits]
-        li, ri = _localjoin.match(pa.array(a[hits]), B, "inner", stride, identity=True)
+        li, ri = _intmatch.match(pa.array(a[hits]), B, "inner", stride, identity=True)
         assert li is None and ri.tolist() == [want[i] for i in hits]
         for how in ("right", "outer"):
-            assert pairs(_localjoin.match(A, B, how, stride)) == pairs(sort_merge(a, b, how))
+            assert pairs(_intmatch.match(A, B, how, stride)) == pairs(sort_merge(a, b, how))
 
     def expansion(*args):
         raise AssertionError("runs expanded for unique right keys")
 
-    monkeypatch.setattr(_localjoin, "_expand", expansion)
+    monkeypatch.setattr(_intmatch, "_expand", expansion)
     rng = np.random.default_rng(11)
     for dtype in (np.int8, np.uint8, np.int16, np.int64, np.uint64):
         info = np.iinfo(dtype)
@@ -447,7 +447,7 @@ def test_unique_right_keys_match_by_one_lookup(monkeypatch):
             check(rng.permutation(a), rng.permutation(keys)[:50], stride)
     monkeypatch.undo()
     a, b = np.array([1, 2, 3, 2]), np.array([2, 5, 2, 1])
-    li, ri = _localjoin.match(pa.array(a), pa.array(b), "left", identity=True)
+    li, ri = _intmatch.match(pa.array(a), pa.array(b), "left", identity=True)
     assert li is not None and pairs((li, ri)) == [(0, 3), (1, 0), (1, 2), (2, -1), (3, 0),
                                                   (3, 2)]
 
@@ -459,7 +459,7 @@ def test_unique_string_keys_are_looked_up_in_the_right_values():
     import numpy as np
     import pyarrow as pa
 
-    from hetflow.frame import _localjoin
+    from hetflow.frame import _strmatch
 
     rng = np.random.default_rng(4)
     words = ["", "a", "ab", "abcdefghi", "Ünïcode", "a\x00", "b"]
@@ -471,13 +471,13 @@ def test_unique_string_keys_are_looked_up_in_the_right_values():
         rv = right.to_pylist()
         want = [rv.index(x) if x is not None and x in rv else -1 for x in left.to_pylist()]
         hits = [i for i, r in enumerate(want) if r >= 0]
-        li, ri = _localjoin.match_unique_binary(left, right, "left")
+        li, ri = _strmatch.match_unique_binary(left, right, "left")
         assert li is None and ri.tolist() == want
-        li, ri = _localjoin.match_unique_binary(left, right, "inner")
+        li, ri = _strmatch.match_unique_binary(left, right, "inner")
         assert li.tolist() == hits and ri.tolist() == [want[i] for i in hits]
-        li, ri = _localjoin.match_unique_binary(left.take(hits), right, "inner")
+        li, ri = _strmatch.match_unique_binary(left.take(hits), right, "inner")
         assert li is None and ri.tolist() == [want[i] for i in hits]
-        assert _localjoin.match_unique_binary(left, right.slice(1).take([0, 1, 0]), "left") \
+        assert _strmatch.match_unique_binary(left, right.slice(1).take([0, 1, 0]), "left") \
             is None
 
 

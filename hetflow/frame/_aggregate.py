@@ -293,8 +293,8 @@ class _Kernel:
         by_row = [i for i, k in enumerate(self.keys) if not _engine.native(k.type)]
         first = [pl.col(_engine.ROW).first().alias("__first")] if by_row else []
         lazy = _engine.frame(self.columns, self.names, row=self.numbered or bool(by_row)).lazy()
-        got = _engine.arrow(lazy.group_by(keys).agg(first + self.exprs)
-                            .with_columns(self.after).collect())
+        got = _engine.arrow(_engine.collect(lazy.group_by(keys).agg(first + self.exprs)
+                                            .with_columns(self.after)))
         rows = _arrays._single(got.column("__first")) if by_row else None
         keys = [k.take(rows) if i in by_row else _arrays._single(got.column(f"k{i}")).cast(k.type)
                 for i, k in enumerate(self.keys)]

@@ -12,7 +12,10 @@ small allreduce (waited for asleep): where any rank failed, every rank raises
     with step(comm, "groupby: finishing the groups"):
         out = finish(shuffled)                                 # this rank's rows only
 
-The block must make no collective call (a rank that failed before it would not be there).
+The block must make no collective call (a rank that failed before it would not be there),
+or make every one of them on every rank even after its own work failed: the streamed join's
+output (:func:`hetflow.frame._localjoin.assemble`) fetches each payload column by a collective
+exchange, and a rank whose column failed goes on fetching and dropping the rest.
 """
 from __future__ import annotations
 

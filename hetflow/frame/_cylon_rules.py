@@ -160,6 +160,13 @@ def _nulls_nans(table: pa.Table, names: Sequence[str]) -> List[int]:
     return out
 
 
+def _counting_nulls_nans(decide, *columns) -> Route:
+    """The route that counts nulls and NaNs of each ``(table, names)`` in ``columns`` (in
+    that order, see :func:`_nulls_nans`) and gives their totals over the ranks to ``decide``."""
+    return Route(lambda: [n for table, names in columns for n in _nulls_nans(table, names)],
+                 decide)
+
+
 def _negative_zeros(table: pa.Table, names: Sequence[str]) -> List[int]:
     """1 for each named float column holding -0.0 here, else 0."""
     out = []
@@ -181,6 +188,13 @@ def _quoted(names: Sequence[str]) -> str:
     return ", ".join(map(repr, names))
 
 
+def _refuse(names: str, message: str) -> None:
+    """Raise :class:`NotSupported` with ``message`` (``{names}`` in it: ``names``) where
+    ``names`` (the columns that keep an operation off pycylon, as text) is not empty."""
+    if names:
+        raise NotSupported(message.format(names=names))
+
+
 # -- the operations ------------------------------------------------------------------------------
 def join(size: int, left: pa.Table, right: pa.Table, lk: List[str], rk: List[str],
          how: str) -> Route:
@@ -200,14 +214,12 @@ def join(size: int, left: pa.Table, right: pa.Table, lk: List[str], rk: List[str
         if strings:
             return "join", f"key {_quoted(strings)}: {CYLON_WRONG['string keys']}"
         named = [f"left {n!r}" for n in lk] + [f"right {n!r}" for n in rk]
-        nan_keys = [n for i, n in enumerate(named) if totals[2 * i + 1]]
-        if nan_keys:
-            raise NotSupported(f"join on pycylon: float key {', '.join(nan_keys)} holds NaN; "
-                               "Cylon compares keys with == (NaN never matches NaN) while the "
-                               "CPU engine's Arrow join matches NaN keys; use backend='cpu' or "
-                               "drop the NaN rows")
+        _refuse(", ".join(n for i, n in enumerate(named) if totals[2 * i + 1]),
+                "join on pycylon: float key {names} holds NaN; Cylon compares keys with == (NaN "
+                "never matches NaN) while the CPU engine's Arrow join matches NaN keys; use "
+                "backend='cpu' or drop the NaN rows")
         return None
-    return Route(lambda: _nulls_nans(left, lk) + _nulls_nans(right, rk), decide)
+    return _counting_nulls_nans(decide, (left, lk), (right, rk))
 
 
 def sort(size: int, table: pa.Table, names: List[str]) -> Route:
@@ -217,13 +229,12 @@ def sort(size: int, table: pa.Table, names: List[str]) -> Route:
         why = _uncarried(size, "sort", table.schema)
         if why:
             return "sort", why
-        bad = [n for n, (nulls, nans) in _pairs(totals, names).items() if nulls or nans]
-        if bad:
-            raise NotSupported(f"sort on pycylon: key {_quoted(bad)} holds nulls or NaN; the "
-                               "CPU engine sorts them last in both directions, which pycylon's "
-                               "sort does not promise; use backend='cpu'")
+        _refuse(_quoted([n for n, (nulls, nans) in _pairs(totals, names).items() if nulls or nans]),
+                "sort on pycylon: key {names} holds nulls or NaN; the CPU engine sorts them "
+                "last in both directions, which pycylon's sort does not promise; use "
+                "backend='cpu'")
         return None
-    return Route(lambda: _nulls_nans(table, names), decide)
+    return _counting_nulls_nans(decide, (table, names))
 
 
 def groupby(size: int, table: pa.Table, by: List[str], planned: Sequence) -> Route:
@@ -250,25 +261,21 @@ def groupby(size: int, table: pa.Table, by: List[str], planned: Sequence) -> Rou
                 raise NotSupported(f"groupby.agg on pycylon: column {p.column!r} is {t}; Cylon's "
                                    "aggregation kernels take integer and float columns only")
         keys, cols = _pairs(totals, by), _pairs(totals[2 * len(by):], values)
-        bad_keys = [n for n, (nulls, nans) in keys.items() if nulls or nans]
-        if bad_keys:
-            raise NotSupported(f"groupby on pycylon: key {_quoted(bad_keys)} holds nulls or NaN; "
-                               "the CPU engine makes each one group, Cylon compares NaN with == "
-                               "(every NaN its own group); use backend='cpu'")
-        bad_values = [n for n, (nulls, _) in cols.items() if nulls]
-        if bad_values:
-            raise NotSupported(f"groupby.agg on pycylon: column {_quoted(bad_values)} holds "
-                               "nulls; Cylon's kernels give an all-null group 0 or the kernel's "
-                               "start value where the CPU engine gives null; use backend='cpu'")
+        _refuse(_quoted([n for n, (nulls, nans) in keys.items() if nulls or nans]),
+                "groupby on pycylon: key {names} holds nulls or NaN; the CPU engine makes each "
+                "one group, Cylon compares NaN with == (every NaN its own group); use "
+                "backend='cpu'")
+        _refuse(_quoted([n for n, (nulls, _) in cols.items() if nulls]),
+                "groupby.agg on pycylon: column {names} holds nulls; Cylon's kernels give an "
+                "all-null group 0 or the kernel's start value where the CPU engine gives null; "
+                "use backend='cpu'")
         extremes = {p.column for p in planned if p.name in ("min", "max")}
-        nan_values = [n for n, (_, nans) in cols.items() if nans and n in extremes]
-        if nan_values:
-            raise NotSupported(f"groupby.agg on pycylon: column {_quoted(nan_values)} holds NaN; "
-                               "Cylon's min and max compare with <, so a group's result is NaN "
-                               "or a number depending on where its NaN falls, where the CPU "
-                               "engine skips NaN; use backend='cpu'")
+        _refuse(_quoted([n for n, (_, nans) in cols.items() if nans and n in extremes]),
+                "groupby.agg on pycylon: column {names} holds NaN; Cylon's min and max compare "
+                "with <, so a group's result is NaN or a number depending on where its NaN "
+                "falls, where the CPU engine skips NaN; use backend='cpu'")
         return None
-    return Route(lambda: _nulls_nans(table, by) + _nulls_nans(table, values), decide)
+    return _counting_nulls_nans(decide, (table, by), (table, values))
 
 
 def unique(size: int, table: pa.Table, names: List[str]) -> Route:
@@ -286,11 +293,10 @@ def unique(size: int, table: pa.Table, names: List[str]) -> Route:
         strings = _address_hashed(size, schema, every)
         if strings:
             return "unique", f"column {_quoted(strings)}: {CYLON_WRONG['string keys']}"
-        bad = [n for n, (nulls, nans) in _pairs(totals, every).items() if nulls or nans]
-        if bad:
-            raise NotSupported(f"unique on pycylon: column {_quoted(bad)} holds nulls or NaN; "
-                               "Cylon compares NaN with == (never a duplicate) and its null "
-                               "hashing is unverified here; use backend='cpu'")
+        _refuse(_quoted([n for n, (nulls, nans) in _pairs(totals, every).items() if nulls or nans]),
+                "unique on pycylon: column {names} holds nulls or NaN; Cylon compares NaN with "
+                "== (never a duplicate) and its null hashing is unverified here; use "
+                "backend='cpu'")
         zeros = [n for n, z in zip(every, totals[2 * len(every):]) if z]
         if zeros:
             return "unique", (f"column {_quoted(zeros)} holds -0.0: Cylon keeps -0.0 and 0.0 "

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from hetflow.errors import ConfigError, InputError, SchemaMismatch
 from hetflow.frame import (_arrays, _backend, _broadcast, _check, _cylon_rules, _exchange, _hash,
-                           _localjoin, _pycylon)
+                           _intmatch, _localjoin, _pycylon, _strmatch)
 from hetflow.frame._agreement import step
 from hetflow.frame._arrays import destination_dtype, from_values
 from hetflow.frame._exchange import MPI
@@ -180,8 +180,10 @@ def _join_streamed(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, 
                                                        residues, batched)
     stride = comm.Get_size() if residues is not None else 1
     with step(comm, "join: matching the keys"), phase("local"):
-        li, ri = _localjoin.match(keys["left"], keys["right"], how, stride, identity=True)
-    with phase("local"):  # the payload columns' exchange, nested in assemble, is its own phase
+        li, ri = _intmatch.match(keys["left"], keys["right"], how, stride, identity=True)
+    # the payload columns' exchange, nested in assemble, is its own phase; assemble makes
+    # every fetch even where a column fails, so the step's agreement meets every rank
+    with step(comm, "join: building the output"), phase("local"):
         return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
                                    fetch_left, fetch_right, keys)
 
@@ -191,7 +193,7 @@ def _join_by_hash(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, h
     """Join on one string or binary key by its 64-bit hash, with late materialisation as in
     :func:`_join_streamed`: each side's key is hashed once (the hash both routes the row and
     travels with it, 8 bytes a row), the hashes are matched as integers and the matched pairs'
-    keys compared (:func:`hetflow.frame._localjoin.match_by_hash`), then each output column
+    keys compared (:func:`hetflow.frame._strmatch.match_by_hash`), then each output column
     is gathered by one take. Arrow's hash join of the same strings took 3x longer and several
     times the memory."""
     xp = _backend.array_module(be)
@@ -220,9 +222,9 @@ def _join_by_hash(comm, left: pa.Table, right: pa.Table, lkey: str, rkey: str, h
         lh, rh = fetch_left(names[0]), fetch_right(names[1])
     del hashes
     with step(comm, "join: matching the keys"), phase("local"):
-        li, ri = _localjoin.match_by_hash(lh, rh, keys["left"], keys["right"], how)
+        li, ri = _strmatch.match_by_hash(lh, rh, keys["left"], keys["right"], how)
     del lh, rh
-    with phase("local"):
+    with step(comm, "join: building the output"), phase("local"):
         return _localjoin.assemble(left.schema, right.schema, lkey, rkey, li, ri, how, suffixes,
                                    fetch_left, fetch_right, keys)
 
