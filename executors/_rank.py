@@ -87,7 +87,8 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
         payload: TaskPayload = pickle.loads(payload_bytes)
     except Exception as exc:  # e.g. the function's module is not importable on this rank
         return error_outcome(rank, exc, started, time.time(), "could not unpickle the task: ")
-    with _capture(payload.files, rank) as capture, sampling(capture, payload.files, rank):
+    with _capture(payload.files, rank) as capture, \
+            sampling(capture, payload.files, rank) as sampler:
         owned = user_comm is None
         if owned:      # the peers awaited and the task's own duplicate made: one collective
             user_comm = arrive(comm)
@@ -109,6 +110,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
             outcome = error_outcome(rank, exc, started, time.time())
             if keep_exception:
                 outcome.original = exc
+            sampler.outcome = outcome        # its last samples go with it
             return outcome
         finally:
             os.umask(own_umask)
@@ -117,9 +119,12 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
     try:
         value_bytes = dumps(value)
     except Exception as exc:
-        return error_outcome(rank, exc, started, finished, "return value cannot be pickled: ")
-    return RankOutcome(rank=rank, host=host(), pid=os.getpid(), ok=True,
-                       value=value_bytes, started=started, finished=finished)
+        outcome = error_outcome(rank, exc, started, finished, "return value cannot be pickled: ")
+    else:
+        outcome = RankOutcome(rank=rank, host=host(), pid=os.getpid(), ok=True,
+                              value=value_bytes, started=started, finished=finished)
+    outcome.samples = sampler.carried
+    return outcome
 
 
 def call_app(payload: TaskPayload, user_comm):

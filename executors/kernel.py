@@ -296,6 +296,8 @@ class Executor(ParslExecutor):
     def complete(self, task: Task, outcomes: dict, **evidence) -> None:
         """Finish ``task`` from its ranks' outcomes (``evidence``: see ``payload.collect``)."""
         value, error = None, None
+        if task.samples is not None:
+            task.samples.carry(outcomes)
         try:
             value = collect(outcomes, task.id, task.resources, self.label, **evidence)
         except BaseException as exc:  # noqa: BLE001 - the task's typed error

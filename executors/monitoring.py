@@ -78,13 +78,29 @@ class TaskSamples:
         self._stamps: set = set()
         self.started = False       # Parsl was told the try runs
         self._mutex = threading.Lock()
+        self._carried: set = set()     # ranks whose samples came with their outcome
+        self._pending: List[dict] = []
+
+    def carry(self, outcomes: dict) -> None:
+        """Take the samples that came with the ranks' outcomes (a rank that ended within
+        its first interval writes no file: ``_ranksample.Sampler``)."""
+        with self._mutex:
+            for rank, outcome in outcomes.items():
+                rows = getattr(outcome, "samples", None)
+                if not rows or rank in self._carried or not 0 <= rank < self.ranks:
+                    continue
+                rows = [r for r in rows if isinstance(r, dict) and r.get("rank") == rank]
+                self._carried.add(rank)
+                self._pending += rows
+                self.by_rank.setdefault(rank, []).extend(rows)
 
     def read(self) -> List[dict]:
-        """The samples written since the last read (whole lines only)."""
-        new = []
+        """The samples written since the last read (whole lines only), and those carried."""
         with self._mutex:
+            new, self._pending = self._pending, []
             for rank in range(self.ranks):
-                new += self._read_rank(rank)
+                if rank not in self._carried:
+                    new += self._read_rank(rank)
         return new
 
     def _read_rank(self, rank: int) -> List[dict]:

@@ -114,6 +114,9 @@ class RankOutcome:
         #: The exception itself, traceback and all, where the rank ran in the client's own
         #: process (the debug runtime); never pickled.
         self.original = original
+        #: The rank's resource samples when the task ended before any was written to its
+        #: files dir (``_ranksample.Sampler``); None otherwise.
+        self.samples = None
 
     def _values(self) -> tuple:
         return tuple(getattr(self, name) for name in self.FIELDS)

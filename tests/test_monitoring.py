@@ -1,6 +1,7 @@
 """Runtime-level behaviour: Parsl monitoring of MPI apps, run-dir clean-up."""
 import os
 import sqlite3
+import time
 
 import pytest
 
@@ -166,6 +167,34 @@ def test_debug_runtime_samples_its_one_rank_the_client_process(tmp_path):
     assert cpu == sorted(cpu) and cpu[-1] > cpu[0]
     assert _series(db) == {(0, 0): {os.getpid(): (len(samples[0]), max(
         s["rss"] for s in samples[0]))}}
+
+
+def test_a_rank_that_ends_within_its_interval_writes_no_sample_file(tmp_path):
+    from hetflow.executors._ranksample import Sampler, sample_name
+
+    with Sampler(str(tmp_path), 0, 30.0) as quick:
+        pass
+    assert os.listdir(tmp_path) == []                       # nothing written
+    assert [s["final"] for s in quick.carried] == [False, True]
+    with Sampler(str(tmp_path), 1, 0.05) as slow:
+        time.sleep(0.3)
+    assert slow.carried is None                             # its samples are in its file
+    with open(tmp_path / sample_name(1)) as fh:
+        assert len(fh.readlines()) >= 3
+
+
+@pytest.mark.parametrize("name", ["pool", "mpirun"])
+def test_samples_carried_with_the_outcome_reach_the_record_and_parsl(tmp_path, name):
+    db = tmp_path / "monitoring.db"
+    with hetflow.runtime(name, max_ranks=2, monitoring=_hub(db, 30)):
+        done = counted(1)
+        assert done.result(timeout=120) == 2
+        samples = hetflow.task_samples(done)
+    assert sorted(samples) == [0, 1]
+    assert [[s["final"] for s in samples[r]] for r in (0, 1)] == [[False, True]] * 2
+    series = _series(db)
+    assert {pid: rows for pid, (rows, _) in series[(0, 0)].items()} == {
+        samples[r][0]["pid"]: 2 for r in (0, 1)}
 
 
 def test_sampling_off_by_default_and_sample_s_checked():

@@ -313,6 +313,8 @@ class Broker:
         run = task.handle
         value, error = None, None
         detail = f"; lost {lost}; the pool replaces the lost rank(s)" if lost else ""
+        if task.samples is not None:
+            task.samples.carry(run.outcomes)
         try:
             value = collect(run.outcomes, task.id, task.resources, self.pool.label,
                             deaths=deaths, detail=detail)

@@ -161,7 +161,7 @@ class Yielder:
     Lowered, RP's ~16 groups still took 0.26-0.33 cores of a 2-core node from a 2-rank task
     (each nice-19 group weighs 15 against a rank's 1024; measured, experiments/runtime_cost.py).
     So while *every* task RP holds has all its ranks computing (``still()``: RP has nothing
-    to do until one ends), its daemons are stopped (SIGSTOP) after ``after_s``, and continued
+    to do until one ends), its daemons are stopped (SIGSTOP) after ``freeze_after_s``, and continued
     for ``thaw_for_s`` every ``frozen_max_s`` (RP's heartbeats time out after minutes) and
     at once by :meth:`thaw`, which the runtime calls before it hands RP anything (a submit, a
     cancel, a worker's recycling) and which the loop calls as soon as a task's ranks end.
@@ -173,12 +173,13 @@ class Yielder:
     """
 
     def __init__(self, busy: Callable[[], bool], processes: Callable[[], list],
-                 after_s: float = 1.0, period_s: float = 0.25,
-                 still: Optional[Callable[[], bool]] = None,
+                 after_s: float = 1.0, period_s: float = 0.1,
+                 still: Optional[Callable[[], bool]] = None, freeze_after_s: float = 0.2,
                  frozen_max_s: float = 30.0, thaw_for_s: float = 1.0):
         self.busy, self.processes, self.still = busy, processes, still
         self.after_s, self.period_s = after_s, period_s
         self.frozen_max_s, self.thaw_for_s = frozen_max_s, thaw_for_s
+        self.freeze_after_s = freeze_after_s
         self.lowered = False
         #: How many times RP's sessions were lowered, and its daemons stopped (tests read it).
         self.lowerings = 0
@@ -210,9 +211,11 @@ class Yielder:
             self._set(0)
 
     def thaw(self, hold_s: Optional[float] = None) -> None:
-        """Continue RP's stopped daemons now; no freeze for ``hold_s`` (default ``after_s``)."""
+        """Continue RP's stopped daemons now; no freeze for ``hold_s`` (default
+        ``freeze_after_s``)."""
         with self._lock:
-            self._hold_until = time.monotonic() + (self.after_s if hold_s is None else hold_s)
+            self._hold_until = time.monotonic() + (self.freeze_after_s if hold_s is None
+                                                   else hold_s)
             frozen, self._frozen = self._frozen, []
         for pid in frozen:
             try:
@@ -260,7 +263,7 @@ class Yielder:
             still_since = (still_since or now) if still else None
             if self._frozen and (not still or now - self._frozen_at >= self.frozen_max_s):
                 self.thaw(hold_s=None if not still else self.thaw_for_s)
-            elif still and not self._frozen and now - still_since >= self.after_s \
+            elif still and not self._frozen and now - still_since >= self.freeze_after_s \
                     and now >= self._hold_until:
                 self._freeze()
 
