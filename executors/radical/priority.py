@@ -187,7 +187,7 @@ class Yielder:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._sessions: Dict[int, int] = {}
-        self._lock = threading.Lock()
+        self._guard = threading.Lock()
         self._frozen: list = []            # pids stopped now
         self._frozen_at = 0.0
         self._hold_until = 0.0             # no freeze before (monotonic)
@@ -213,7 +213,7 @@ class Yielder:
     def thaw(self, hold_s: Optional[float] = None) -> None:
         """Continue RP's stopped daemons now; no freeze for ``hold_s`` (default
         ``freeze_after_s``)."""
-        with self._lock:
+        with self._guard:
             self._hold_until = time.monotonic() + (self.freeze_after_s if hold_s is None
                                                    else hold_s)
             frozen, self._frozen = self._frozen, []
@@ -232,7 +232,7 @@ class Yielder:
                 continue
             if is_daemon(line) and not is_rank_parent(line) and "bootstrap_0.sh" not in line:
                 pids.append(proc.pid)
-        with self._lock:
+        with self._guard:
             if time.monotonic() < self._hold_until or self._frozen:
                 return
             for pid in pids:
