@@ -139,8 +139,12 @@ def test_chained_failures_names_and_torch_hints(name, tmp_path):
 
 
 HUNG = textwrap.dedent('''
+    import faulthandler
+    import signal
     import sys
     import hetflow
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)   # the test's look, if it hangs
 
     @hetflow.mpi_app(ranks=2)
     def hung(comm):
@@ -169,7 +173,15 @@ def test_ctrl_c_on_a_hung_task_shows_its_stacks_and_leaves_nothing_running(name,
             assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)                 # what Ctrl-C sends
-        proc.wait(timeout=120)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)            # every thread's stack, into its output
+            time.sleep(2)
+            proc.kill()
+            proc.wait()
+            reader.join(timeout=10)
+            pytest.fail("the client did not end within 120 s of Ctrl-C:\n" + "".join(lines))
     finally:
         if proc.poll() is None:
             proc.kill()
