@@ -162,8 +162,12 @@ HUNG = textwrap.dedent('''
 def test_ctrl_c_on_a_hung_task_shows_its_stacks_and_leaves_nothing_running(name, tmp_path):
     script = tmp_path / "hung.py"
     script.write_text(HUNG)
+    # SIGINT as a terminal gives it: a shell without job control starts background jobs
+    # with SIGINT ignored, and a Python started so never raises KeyboardInterrupt (a CI
+    # run under `nohup bash -c '... &'` hung here for 120 s).
     proc = subprocess.Popen([sys.executable, str(script), name], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: list = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
