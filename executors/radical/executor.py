@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from hetflow._guardian import alive
 from hetflow.errors import ConfigError, ExecutorBroken, LaunchError
 from hetflow.executors._forensics import kill_launch_of
 from hetflow.executors.kernel import Executor, Task
@@ -213,7 +214,7 @@ class RadicalExecutor(Executor):
         for task in tasks:
             pids = task.handle.taskdir.pids()
             if task.error is not None or len(pids) < task.resources.ranks or any(
-                    task.handle.taskdir.has_outcome(r) or not priority.alive(p) for r, p in pids.items()):
+                    task.handle.taskdir.has_outcome(r) or not alive(p) for r, p in pids.items()):
                 return False
         return bool(tasks)
 

@@ -126,15 +126,6 @@ def daemon_sessions(processes, client_sid: int) -> Dict[int, int]:
     return {sid: pid for sid, pid in sessions.items() if sid != client_sid and sid not in ranks}
 
 
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` (of this node) lives and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
-
-
 def set_group_nice(pid: int, nice: int, tries: int = 30) -> bool:
     """Set the autogroup nice of ``pid``'s session (the kernel allows one change per 0.1 s
     system-wide to an unprivileged user: EAGAIN is waited out)."""
