@@ -255,7 +255,8 @@ class RadicalExecutor(Executor):
             description = self.pilot.function_description(
                 task.payload, handle.taskdir, task.resources.ranks, attempt=True,
                 devices=self.rank_resources(task)["devices"],
-                gpus_per_rank=task.resources.gpus_per_rank)
+                gpus_per_rank=task.resources.gpus_per_rank,
+                cores_per_rank=task.resources.cores_per_rank)
             handle.taskdir.set_attempt(description["uid"])
             submit = self.pilot.raptor.submit_tasks
         # Known before RP is: its state callback may come before submit_tasks returns.
