@@ -79,13 +79,21 @@ def _pickler_class():
     if _PICKLER is None:
         import cloudpickle
 
+        from hetflow.executors.payload import _with_arguments
+
+        # The reconstructors every payload names: by reference, without cloudpickle's
+        # module lookups (twice each: 6 of its 8 per no-op task, ~50 Python calls).
+        own = frozenset((_make_function, _set_function_state, _import, _with_arguments))
+
         class PayloadPickler(cloudpickle.Pickler):
             """cloudpickle, with closure-free by-value functions and modules in light forms."""
 
             def reducer_override(self, obj):
-                if type(obj) is types.FunctionType and obj.__closure__ is None \
-                        and not _by_reference(obj):
-                    return _reduce_function(obj)
+                if type(obj) is types.FunctionType:
+                    if obj in own:
+                        return NotImplemented
+                    if obj.__closure__ is None and not _by_reference(obj):
+                        return _reduce_function(obj)
                 if type(obj) is types.ModuleType and _importable(obj):
                     return _import, (obj.__name__,)
                 return super().reducer_override(obj)

@@ -126,11 +126,14 @@ class TaskQueue:
             self._on_blocked(blocked[0])
 
     # ------------------------------------------------------------------ queue and slots
-    def push(self, task, slots: int, gpus: int) -> None:
+    def push(self, task, slots: int, gpus: int, now: bool = False) -> None:
+        """Queue ``task``; ``now``: the caller calls :meth:`dispatch` itself (outside the
+        lock), else the dispatch thread is woken."""
         with self.lock:
             task.state = TaskState.SCHEDULING
             self.scheduler.push(task, slots, gpus)
-            self.kick()
+            if not now:
+                self.kick()
 
     def remove(self, task) -> bool:
         """Take ``task`` out of the queue; whether it was queued."""
