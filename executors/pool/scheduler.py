@@ -173,6 +173,16 @@ class PoolScheduler(SlotScheduler):
         pinned = self.pinned_of(item)
         return slots, bool(self.gpus_of(item)), None if pinned is None else tuple(pinned)
 
+    def may_reshape(self, entry: list) -> bool:
+        """A head that some world could hold once its tasks end needs nothing of the pool
+        (it is told of pinned heads, whose ranks may be lost, and of heads bigger than every
+        world: consolidation)."""
+        item = entry[0]
+        if self.pinned_of(item) is not None:
+            return True
+        gpu = bool(self.gpus_of(item))
+        return not any(size[gpu] >= entry[1] for size in self._sizes.values())
+
     def may_fit(self, item, need: int, gpus: int) -> bool:
         free = self.free_total[GPU] if self.gpus_of(item) else len(self._free_set)
         return need <= free
