@@ -39,7 +39,7 @@ demo: $(PY)
 test: test-main
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-lowest test-openmpi
 
-# The whole suite on a plain install, checked to be the one imported (the tests must not
+# The whole suite on a plain install (JUNIT=path also writes every test's time there), checked to be the one imported (the tests must not
 # pass by reading the source tree). uv installs it in ~5 s where pip took ~35 s; hetflow
 # itself is always rebuilt (uv would reuse a cached build of this directory). The remapped
 # hetflow.executors package must import both ways: test-openmpi runs on an editable install.
@@ -48,7 +48,7 @@ test-main: chromium $(UV)
 	$(UV) pip install -q --compile-bytecode --reinstall-package hetflow --python $(PY) '.[test]'
 	$(PY) -c "import torch; print('torch', torch.__version__)"
 	cd tests && ../$(PY) -c "import hetflow.executors.mpirun as m; assert 'site-packages' in m.__file__, m.__file__"
-	$(call PYTEST,$(VENV)) --durations=25
+	$(call PYTEST,$(VENV)) --durations=25 $(if $(JUNIT),--junitxml=$(JUNIT))
 
 # The declared floors are tested: every direct dependency at the lowest version
 # pyproject.toml allows (pyarrow, numpy, parsl, mpi4py, ...), engine and parity tests.
