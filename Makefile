@@ -39,10 +39,11 @@ demo: $(PY)
 test: test-main
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-lowest test-openmpi
 
-# The whole suite on a plain install (JUNIT=path also writes every test's time there), checked to be the one imported (the tests must not
+# The whole suite on a plain install, checked to be the one imported (the tests must not
 # pass by reading the source tree). uv installs it in ~5 s where pip took ~35 s; hetflow
 # itself is always rebuilt (uv would reuse a cached build of this directory). The remapped
 # hetflow.executors package must import both ways: test-openmpi runs on an editable install.
+# JUNIT=path also writes every test's time there (pytest's JUnit XML).
 test-main: chromium $(UV)
 	$(UV) pip install -q --compile-bytecode --python $(PY) --find-links $(WHEELS) '$(TORCH_CPU)'
 	$(UV) pip install -q --compile-bytecode --reinstall-package hetflow --python $(PY) '.[test]'
