@@ -55,6 +55,15 @@ def bind_gpus(devices, local_rank: int, gpus_per_rank: int) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices(devices, local_rank, gpus_per_rank)
 
 
+def bind_threads(cores_per_rank: int) -> None:
+    """The threads a rank that outlives its tasks (a pool or RAPTOR worker) runs: BLAS and
+    OpenMP read ``OMP_NUM_THREADS``; polars sizes its pool once, when first imported, so the
+    worker keeps its first task's size. (RAPTOR's ranks did without it, and ran polars on
+    every core: a 2-rank sort on a 2-core node had 4 busy threads.)"""
+    os.environ["OMP_NUM_THREADS"] = str(cores_per_rank)
+    os.environ.setdefault("POLARS_MAX_THREADS", str(cores_per_rank))
+
+
 def bind_rank_environment(resources: dict, local_rank: int) -> None:
     """Set threads and GPU binding for this rank before user code imports anything.
 
@@ -123,7 +132,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
     else:
         outcome = RankOutcome(rank=rank, host=host(), pid=os.getpid(), ok=True,
                               value=value_bytes, started=started, finished=finished)
-    outcome.samples = sampler.carried
+    outcome.samples = sampler.compact
     return outcome
 
 

@@ -218,8 +218,8 @@ class Executor(ParslExecutor):
         prepared_args, prepared_kwargs = tables.prepare(self, resources, args, kwargs)
         if prepared_args is not args or prepared_kwargs is not kwargs:
             args, kwargs, arguments = prepared_args, prepared_kwargs, None
-        files = (*self._follower.directories(task_id), self.output != "off", *self._client,
-                 sample_s)
+        directories = self._follower.directories(task_id)
+        files = (*directories, self.output != "off", *self._client, sample_s)
         payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
                               resources=resources,
                               tables=os.path.join(self.run_root, tables.TABLES_DIR),
@@ -228,8 +228,7 @@ class Executor(ParslExecutor):
                     TaskTimes(executor=self.label, ranks=resources.ranks, submitted=time.time()))
         future.hetflow_task = task
         if sample_s is not None:
-            task.samples = self._monitor.watch(task, self._follower.directories(task_id),
-                                               sample_s, parsl_ids)
+            task.samples = self._monitor.watch(task, directories, sample_s, parsl_ids)
         self._admit(task, args, kwargs)
         now = self.dispatch_on_submit
         with self._lock:

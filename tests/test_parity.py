@@ -151,6 +151,19 @@ def test_ranks_ask_malloc_for_huge_pages(runtime_name):
         assert "glibc.malloc.hugetlb=1" in tunables.split(":"), tunables
 
 
+@hetflow.mpi_app(ranks=2, returns="all")
+def threads_seen(comm):
+    import polars
+
+    return os.environ.get("OMP_NUM_THREADS"), polars.thread_pool_size()
+
+
+def test_ranks_run_as_many_threads_as_cores_per_rank(runtime_name):
+    # cores_per_rank (1 by default) sizes the ranks' BLAS/OpenMP and polars threads on
+    # every runtime; RAPTOR's persistent ranks once ran polars on every core.
+    assert threads_seen().result() == [("1", 1), ("1", 1)]
+
+
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_returns_all_has_requested_size(runtime_name, ranks):
     got = who.options(ranks=ranks)(ranks).result()

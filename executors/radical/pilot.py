@@ -312,10 +312,11 @@ class Pilot:
         return f"hetflow.{next(self.uid_counter):06d}"
 
     def function_description(self, payload: bytes, taskdir: TaskDir, ranks: int,
-                             attempt: bool = False, devices=None, gpus_per_rank: int = 0):
+                             attempt: bool = False, devices=None, gpus_per_rank: int = 0,
+                             cores_per_rank: int = 1):
         """A RAPTOR function task; ``attempt``: its ranks run only while the task dir
         names this RP task's uid (see ``raptor_rank``); ``devices``: the GPU ids its ranks
-        bind (``Executor.rank_resources``)."""
+        bind (``Executor.rank_resources``); ``cores_per_rank``: the threads each rank runs."""
         from hetflow.executors.radical.rank import raptor_rank
         rp = import_rp()
 
@@ -327,7 +328,8 @@ class Pilot:
                                                    client_sys_path(),
                                                    uid if attempt else None],
                                         {"devices": devices,
-                                         "gpus_per_rank": gpus_per_rank})})
+                                         "gpus_per_rank": gpus_per_rank,
+                                         "cores_per_rank": cores_per_rank})})
 
     def executable_description(self, taskdir: TaskDir, resources: Resources):
         """An RP MPI executable task running the shared rank runner on ``taskdir``."""

@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import os
 
-from hetflow.executors._rank import bind_gpus, run_on_rank
+from hetflow.executors._rank import bind_gpus, bind_threads, run_on_rank
 from hetflow.executors.taskdir import TaskDir
 
 
 def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: list[str],
-                attempt: str | None = None, devices=None, gpus_per_rank: int = 0) -> bool:
+                attempt: str | None = None, devices=None, gpus_per_rank: int = 0,
+                cores_per_rank: int = 1) -> bool:
     """Run one rank's share in a persistent RAPTOR worker; True if it succeeded.
 
     ``attempt``: the RP task's uid. A task whose worker was recycled before it started
     runs again under a new uid, while its old copy may still wait in the RAPTOR master's
     queue; that copy finds another attempt named in the task dir (or no task dir) and
     returns at once, so the task's function runs once. ``devices``: the task's GPU ids,
-    bound per rank by the runtimes' one binding (``_rank.bind_gpus``), for this task only."""
+    bound per rank by the runtimes' one binding (``_rank.bind_gpus``), for this task only;
+    ``cores_per_rank``: the threads the rank's libraries run (``_rank.bind_threads``)."""
     taskdir = TaskDir(taskdir)
     if attempt is not None and not taskdir.is_attempt(attempt):
         return True
@@ -34,6 +36,7 @@ def raptor_rank(comm, payload: bytes, taskdir: str, sys_path: list[str],
     # The worker outlives the task, so the evidence hooks are undone afterwards.
     undo = taskdir.record_deaths(comm.Get_rank())
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    bind_threads(cores_per_rank)
     try:
         bind_gpus(devices, _local_index(comm) if devices else 0, gpus_per_rank)
         outcome = run_on_rank(payload, comm, sys_path=sys_path)

@@ -103,6 +103,13 @@ def comparable(col) -> pa.Array:
     return pc.dictionary_encode(col, null_encoding="encode").indices
 
 
+def distinct_rows(keys: Sequence[pa.Array]) -> int:
+    """How many distinct combinations of ``keys`` there are (a null one value, as NaN, -0.0
+    and 0.0)."""
+    names = [f"k{i}" for i in range(len(keys))]
+    return frame([comparable(k) for k in keys], names).n_unique()
+
+
 def first_rows(keys: Sequence[pa.Array], side: Optional[np.ndarray] = None,
                keep: str = "any") -> np.ndarray:
     """The row (ascending) where each distinct combination of ``keys`` first appears (a null
