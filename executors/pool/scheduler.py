@@ -200,6 +200,13 @@ class PoolScheduler(SlotScheduler):
         leave their nodes' heaps here, and :meth:`take` holds them."""
         if pinned is not None:
             return list(pinned) if all(s in self._free_set for s in pinned) else None
+        if len(self._nodes) == 1 and kind != ANY:
+            # One world on one node (a pool on one machine, between faults): its heap's
+            # lowest world ranks, what the search below finds, without the search.
+            (world, nodes), = self._nodes.items()
+            if len(nodes) == 1 and self._free_count[world][kind] >= need:
+                (node,) = nodes.values()
+                return [node[kind].pop()[1] for _ in range(need)]
         fits = []
         for world in self._nodes:
             free = self._count(world, kind)
