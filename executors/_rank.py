@@ -132,7 +132,7 @@ def run_on_rank(payload_bytes: bytes, comm, *, sys_path: list[str] = (),
     else:
         outcome = RankOutcome(rank=rank, host=host(), pid=os.getpid(), ok=True,
                               value=value_bytes, started=started, finished=finished)
-    outcome.samples = sampler.carried
+    outcome.samples = sampler.compact
     return outcome
 
 

@@ -32,6 +32,10 @@ A sample's fields:
 ``final``            true for the sample taken when the function returned
 ===================  ============================================================
 
+A task that ends within its first interval writes no file: its two samples travel with the
+rank's outcome as tuples (:data:`FIELDS`, :attr:`Sampler.compact`), made the dicts above by
+:func:`expand` where they are read.
+
 Linux's ``/proc`` gives everything but the CPU times (``resource.getrusage``); elsewhere
 those fields are null. GPUs are read through NVML (``pynvml``, where installed) or
 ``nvidia-smi``.
@@ -67,35 +71,88 @@ try:
     _MEMORY = os.sysconf("SC_PHYS_PAGES") * _PAGE
 except (AttributeError, ValueError, OSError):
     _MEMORY = 0
+_HOST = os.uname().nodename
+
+#: This process's id, and its ``/proc/self/statm`` kept open (read again with ``pread``
+#: at offset 0, which the kernel answers afresh: 2.4 us a read, against 5.7 us to open,
+#: read and close it); both forgotten in a forked child, whose /proc/self is another.
+_pid = os.getpid()
+_statm = -1
+#: CPU seconds ``(user, system)`` of the children this process has waited for, as last read.
+_children = None
 
 
-def read_self(io: bool = True, memory: bool = True) -> dict:
-    """This process's use now (the fields above but ``time``, ``rank``, ``cpu_percent``,
-    ``gpus``); ``io=False`` leaves the byte counts out, ``memory=False`` the memory (null)."""
+def _forked() -> None:
+    global _pid, _statm, _children
+    _pid, _statm, _children = os.getpid(), -1, None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
+def _memory() -> tuple:
+    """``(rss, vms)`` of this process in bytes, ``(None, None)`` where unreadable."""
+    global _statm
+    try:
+        if _statm < 0:
+            _statm = os.open("/proc/self/statm", os.O_RDONLY)
+        statm = os.pread(_statm, 128, 0).split()
+        return int(statm[1]) * _PAGE, int(statm[0]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None, None
+
+
+def _usage(children: bool) -> tuple:
+    """``(cpu_user_s, cpu_system_s, ctx_voluntary, ctx_involuntary)`` of this process and
+    the children it has waited for. ``children`` False: the children's CPU as last read
+    (one ``getrusage`` a sample, not two)."""
     import resource
 
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
-        resource.RUSAGE_CHILDREN)
-    sample = {"pid": os.getpid(), "host": _HOST,
-              "cpu_user_s": own.ru_utime + children.ru_utime,
-              "cpu_system_s": own.ru_stime + children.ru_stime,
-              "ctx_voluntary": own.ru_nvcsw, "ctx_involuntary": own.ru_nivcsw,
-              "rss": None, "vms": None, "memory_percent": None,
-              "read_bytes": None, "write_bytes": None}
-    statm = _proc("statm").split() if memory else ()
-    if len(statm) >= 2:
-        sample["vms"], sample["rss"] = int(statm[0]) * _PAGE, int(statm[1]) * _PAGE
-        if _MEMORY:
-            sample["memory_percent"] = 100.0 * sample["rss"] / _MEMORY
-    if io:
-        for line in _proc("io").splitlines():
-            key, _, value = line.partition(b":")
-            if key in (b"rchar", b"wchar"):
-                sample["read_bytes" if key == b"rchar" else "write_bytes"] = int(value)
+    global _children
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    if children or _children is None:
+        waited = resource.getrusage(resource.RUSAGE_CHILDREN)
+        _children = (waited.ru_utime, waited.ru_stime)
+    return (own.ru_utime + _children[0], own.ru_stime + _children[1], own.ru_nvcsw,
+            own.ru_nivcsw)
+
+
+def _io() -> tuple:
+    """``(read_bytes, write_bytes)`` from ``/proc/self/io`` (None where unreadable)."""
+    counts = {}
+    for line in _proc("io").splitlines():
+        key, _, value = line.partition(b":")
+        if key in (b"rchar", b"wchar"):
+            counts[key] = int(value)
+    return counts.get(b"rchar"), counts.get(b"wchar")
+
+
+#: A sample as it is taken and carried: a tuple of these fields, in this order (a dict of
+#: 17 keys per sample, built and pickled on the rank and unpickled on the client, cost a
+#: no-op task more than the reading did); :func:`expand` makes the dicts where they are read.
+FIELDS = ("time", "cpu_user_s", "cpu_system_s", "ctx_voluntary", "ctx_involuntary", "rss",
+          "vms", "read_bytes", "write_bytes", "cpu_percent", "gpus", "gpu_note", "final")
+
+
+def expand(carried, rank: int) -> list:
+    """The samples of ``carried`` (``(pid, host, node memory, rows)``: a rank's
+    :attr:`Sampler.compact`) as the dicts the fields above describe; ``[]`` for anything
+    else."""
+    try:
+        pid, host, memory, rows = carried
+        return [_as_dict(row, rank, pid, host, memory) for row in rows
+                if isinstance(row, tuple) and len(row) == len(FIELDS)]
+    except (TypeError, ValueError):
+        return []
+
+
+def _as_dict(row: tuple, rank: int, pid: int, host: str, memory: int) -> dict:
+    sample = dict(zip(FIELDS, row))
+    rss = sample["rss"]
+    sample.update(rank=rank, pid=pid, host=host,
+                  memory_percent=100.0 * rss / memory if rss is not None and memory else None)
     return sample
-
-
-_HOST = os.uname().nodename
 
 
 def read_gpus(visible) -> tuple:
@@ -214,20 +271,29 @@ class Sampler:
     def __init__(self, directory: str, rank: int, interval: float):
         self.directory, self.rank, self.interval = directory, rank, interval
         self._fd = -1
-        self._pending: list = []    # samples not yet written
-        self._last = None           # (time, cpu seconds) of the previous sample
+        self._pending: list = []    # samples not yet written (rows: see FIELDS)
+        self._cpu = 0.0             # CPU seconds at the previous sample
         self.last = 0.0             # its time
+        self._visible = None        # CUDA_VISIBLE_DEVICES when the task started
         self.mutex = _thread.allocate_lock()
         self.closed = False
         #: The samples of a task that ended before anything was written (its first and last:
-        #: it ran within one interval): they go with the rank's outcome instead of a file,
-        #: which cost a no-op task a file created, read and removed (~25% on pool_bench).
-        self.carried = None
+        #: it ran within one interval), ``(pid, host, node memory, rows)``: they go with the
+        #: rank's outcome instead of a file, which cost a no-op task a file created, read and
+        #: removed (~25% on pool_bench); :func:`expand` makes them the samples' dicts.
+        self.compact = None
         #: The outcome that carries them, where it is made before the sampler exits.
         self.outcome = None
 
+    @property
+    def carried(self):
+        """The carried samples as dicts (None: none carried, they are in the file)."""
+        return None if self.compact is None else expand(self.compact, self.rank)
+
     def __enter__(self) -> "Sampler":
         global _current
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        self._visible = visible if visible and visible.strip() else None
         self.take(final=False, first=True)
         if self.interval > 0:
             _start_thread()
@@ -244,9 +310,9 @@ class Sampler:
             self.closed = True
             self.take(final=True)
             if self._fd < 0:
-                self.carried, self._pending = self._pending, []
+                self.compact, self._pending = (_pid, _HOST, _MEMORY, tuple(self._pending)), []
                 if self.outcome is not None:
-                    self.outcome.samples = self.carried
+                    self.outcome.samples = self.compact
                 return
             self.flush()
             os.close(self._fd)
@@ -254,22 +320,31 @@ class Sampler:
 
     def take(self, final: bool, first: bool = False) -> None:
         try:
-            # No I/O counters in the first and last samples (each /proc file read cost a
-            # rank 35-60 us on a loaded machine, a no-op task's whole run ~2 ms); the memory
-            # is in every one (parsl-visualize's resource page fails on a null).
-            sample = read_self(io=not first and not final)
+            # One getrusage a first sample: the CPU of the children this process waited
+            # for is read in every other sample, and the first takes it as last read (a
+            # pool rank runs nothing between two tasks that could wait for a child; a
+            # thread a task left running that did would have the child's CPU counted in the
+            # next task). No I/O counters in the first and last samples (each /proc file
+            # read cost a rank 35-60 us on a loaded machine, a no-op task's whole run
+            # ~2 ms); the memory is in every one (parsl-visualize's resource page fails on
+            # a null).
+            user, system, voluntary, involuntary = _usage(children=not first)
+            rss, vms = _memory()
+            read, written = (None, None) if first or final else _io()
             now = time.time()
-            cpu = sample["cpu_user_s"] + sample["cpu_system_s"]
+            cpu = user + system
             percent = 0.0
-            if self._last is not None and now > self._last[0]:
-                percent = 100.0 * (cpu - self._last[1]) / (now - self._last[0])
-            self._last, self.last = (now, cpu), now
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            gpus, note = (None, "GPUs are not read when the task starts") if first and \
-                visible else read_gpus(visible)
-            sample.update(time=now, rank=self.rank, cpu_percent=percent, gpus=gpus,
-                          gpu_note=note, final=final)
-            self._pending.append(sample)
+            if not first and 0 < self.last < now:
+                percent = 100.0 * (cpu - self._cpu) / (now - self.last)
+            self._cpu, self.last = cpu, now
+            if self._visible is None:
+                gpus, note = None, "no GPU bound to this rank"
+            elif first:
+                gpus, note = None, "GPUs are not read when the task starts"
+            else:
+                gpus, note = read_gpus(self._visible)
+            self._pending.append((now, user, system, voluntary, involuntary, rss, vms, read,
+                                  written, percent, gpus, note, final))
         except Exception:  # noqa: BLE001 - a sample that fails is skipped, the task runs on
             pass
 
@@ -283,14 +358,16 @@ class Sampler:
                 self._fd = os.open(os.path.join(self.directory, sample_name(self.rank)),
                                    os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             # Whole lines in one write to an O_APPEND file: the reader sees whole lines.
-            os.write(self._fd, "".join(json.dumps(s) + "\n" for s in self._pending).encode())
+            os.write(self._fd, "".join(
+                json.dumps(_as_dict(row, self.rank, _pid, _HOST, _MEMORY)) + "\n"
+                for row in self._pending).encode())
         except OSError:
             pass
         self._pending = []
 
 
 class _Off:
-    carried = outcome = None
+    carried = compact = outcome = None
 
     def __enter__(self):
         return self

@@ -31,7 +31,7 @@ import os
 import threading
 from typing import Dict, List, Optional
 
-from hetflow.executors._ranksample import sample_name
+from hetflow.executors._ranksample import expand, sample_name
 
 logger = logging.getLogger(__name__)
 
@@ -78,30 +78,45 @@ class TaskSamples:
         self._stamps: set = set()
         self.started = False       # Parsl was told the try runs
         self._mutex = threading.Lock()
-        self._carried: set = set()     # ranks whose samples came with their outcome
+        #: rank -> the samples that came with its outcome, as they came (None: made dicts).
+        self._carried: dict = {}
         self._pending: List[dict] = []
 
     def carry(self, outcomes: dict) -> None:
-        """Take the samples that came with the ranks' outcomes (a rank that ended within
-        its first interval writes no file: ``_ranksample.Sampler``)."""
+        """Keep the samples that came with the ranks' outcomes (a rank that ended within
+        its first interval writes no file: ``_ranksample.Sampler``) as they came: they
+        become dicts where they are read (:meth:`read`, :meth:`snapshot`), not per task."""
         with self._mutex:
             for rank, outcome in outcomes.items():
-                rows = getattr(outcome, "samples", None)
-                if not rows or rank in self._carried or not 0 <= rank < self.ranks:
-                    continue
-                rows = [r for r in rows if isinstance(r, dict) and r.get("rank") == rank]
-                self._carried.add(rank)
+                compact = getattr(outcome, "samples", None)
+                if compact is not None and rank not in self._carried and \
+                        0 <= rank < self.ranks:
+                    self._carried[rank] = compact
+
+    def _expand(self) -> None:
+        for rank, compact in self._carried.items():
+            if compact is not None:
+                rows = expand(compact, rank)
+                self._carried[rank] = None
                 self._pending += rows
                 self.by_rank.setdefault(rank, []).extend(rows)
 
     def read(self) -> List[dict]:
         """The samples written since the last read (whole lines only), and those carried."""
         with self._mutex:
+            self._expand()
             new, self._pending = self._pending, []
             for rank in range(self.ranks):
                 if rank not in self._carried:
                     new += self._read_rank(rank)
         return new
+
+    def read_files(self) -> None:
+        """Read the lines written since the last read onto the record (for :meth:`snapshot`)."""
+        with self._mutex:
+            for rank in range(self.ranks):
+                if rank not in self._carried:
+                    self._read_rank(rank)
 
     def _read_rank(self, rank: int) -> List[dict]:
         path, offset = self._offsets.get(rank, (None, 0))
@@ -138,6 +153,7 @@ class TaskSamples:
     def snapshot(self) -> Dict[int, List[dict]]:
         """``{rank: [sample, ...]}`` as read so far."""
         with self._mutex:
+            self._expand()
             return {rank: list(rows) for rank, rows in sorted(self.by_rank.items())}
 
     def stamp(self, seconds: float) -> datetime.datetime:
@@ -210,7 +226,14 @@ class Monitor:
             return
         with self._mutex:
             self._tasks.pop(task.id, None)
-        self._forward(samples, samples.read())   # the files go with the task's others
+        # The files go with the task's others: their last lines are read now. Where no one
+        # forwards them to Parsl, the samples that came with the outcomes stay as they came.
+        if samples.parsl_ids is None or getattr(self._executor, "monitoring_messages",
+                                                None) is None:
+            if len(samples._carried) < samples.ranks:
+                samples.read_files()
+            return
+        self._forward(samples, samples.read())
         if samples.started:
             ends = [s[-1]["time"] for s in samples.by_rank.values() if s]
             self._worker_task_info(samples, max(ends), last=True,

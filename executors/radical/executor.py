@@ -186,7 +186,7 @@ class RadicalExecutor(Executor):
         raptor = self.mode != "exec"
         self.pilot.open(base, self._state_cb, self.worker if raptor else None)
         if self.pilot.yield_cpu:
-            self._yielder = priority.Yielder(busy=self._ranks_busy, still=self._ranks_still,
+            self._yielder = priority.Yielder(state=self._ranks_state,
                                              processes=lambda: session_processes(base))
             self._yielder.start()
         if raptor:
@@ -194,29 +194,23 @@ class RadicalExecutor(Executor):
                                               name=f"{self.label}-raptor-watch")
             self._watchdog.start()
 
-    def _ranks_busy(self) -> bool:
-        """Whether some task's ranks have started (pid files) and not all of them have
-        written their outcome: only then may RP's daemons yield (its completion needs them)."""
+    def _ranks_state(self) -> tuple:
+        """``(busy, still)`` in one pass over the running tasks' dirs (``priority.Yielder``):
+        busy, some task's ranks have started (pid files) and not all of them have written
+        their outcome: only then may RP's daemons yield (its completion needs them); still,
+        every task RP holds has all its ranks computing (started, alive, no outcome yet): RP
+        has nothing to do until one ends, and its daemons may be stopped."""
         with self._running_lock:
             tasks = list(self._running.values())
+        busy, still = False, bool(tasks)
         for task in tasks:
             taskdir = task.handle.taskdir
             pids = taskdir.pids()
-            if pids and not all(taskdir.has_outcome(rank) for rank in pids):
-                return True
-        return False
-
-    def _ranks_still(self) -> bool:
-        """Whether every task RP holds has all its ranks computing (started, alive, no
-        outcome yet): RP has nothing to do until one ends, and its daemons may be stopped."""
-        with self._running_lock:
-            tasks = list(self._running.values())
-        for task in tasks:
-            pids = task.handle.taskdir.pids()
-            if task.error is not None or len(pids) < task.resources.ranks or any(
-                    task.handle.taskdir.has_outcome(r) or not alive(p) for r, p in pids.items()):
-                return False
-        return bool(tasks)
+            ended = sum(taskdir.has_outcome(rank) for rank in pids)
+            busy = busy or ended < len(pids)
+            still = still and task.error is None and not ended \
+                and len(pids) >= task.resources.ranks and all(map(alive, pids.values()))
+        return busy, still
 
     def _thaw(self) -> None:
         """RP's daemons run before RP is handed anything (see ``priority.Yielder``)."""

@@ -39,7 +39,7 @@ import stat
 import sys
 import threading
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 from hetflow.executors.radical.lowprio import NICE, lower_threads
 
@@ -151,7 +151,7 @@ class Yielder:
 
     Lowered, RP's ~16 groups still took 0.26-0.33 cores of a 2-core node from a 2-rank task
     (each nice-19 group weighs 15 against a rank's 1024; measured, experiments/runtime_cost.py).
-    So while *every* task RP holds has all its ranks computing (``still()``: RP has nothing
+    So while *every* task RP holds has all its ranks computing (``still``: RP has nothing
     to do until one ends), its daemons are stopped (SIGSTOP) after ``freeze_after_s``, and continued
     for ``thaw_for_s`` every ``frozen_max_s`` (RP's heartbeats time out after minutes) and
     at once by :meth:`thaw`, which the runtime calls before it hands RP anything (a submit, a
@@ -159,15 +159,16 @@ class Yielder:
     The processes that start the ranks (``PARENTS_OF_RANKS``) are never stopped. A stopped
     process dies by SIGKILL as any other (the guardian's way).
 
-    ``busy()``: whether some task's ranks are computing; ``still()``: whether all of RP's
-    tasks are (None: never freeze); ``processes()``: the pilot session's processes.
+    ``state()``: ``(busy, still)``, whether some task's ranks are computing and whether all
+    of RP's tasks' are (``still`` None: never freeze), read in one pass every ``period_s``;
+    ``processes()``: the pilot session's processes.
     """
 
-    def __init__(self, busy: Callable[[], bool], processes: Callable[[], list],
-                 after_s: float = 1.0, period_s: float = 0.1,
-                 still: Optional[Callable[[], bool]] = None, freeze_after_s: float = 0.2,
-                 frozen_max_s: float = 30.0, thaw_for_s: float = 1.0):
-        self.busy, self.processes, self.still = busy, processes, still
+    def __init__(self, state: Callable[[], Tuple[bool, Optional[bool]]],
+                 processes: Callable[[], list], after_s: float = 1.0, period_s: float = 0.1,
+                 freeze_after_s: float = 0.2, frozen_max_s: float = 30.0,
+                 thaw_for_s: float = 1.0):
+        self.state, self.processes = state, processes
         self.after_s, self.period_s = after_s, period_s
         self.frozen_max_s, self.thaw_for_s = frozen_max_s, thaw_for_s
         self.freeze_after_s = freeze_after_s
@@ -238,7 +239,7 @@ class Yielder:
     def _run(self) -> None:
         since = still_since = None
         while not self._stop.wait(self.period_s):
-            busy = self.busy()
+            busy, still = self.state()
             now = time.monotonic()
             since = (since or now) if busy else None
             if busy and not self.lowered and now - since >= self.after_s:
@@ -248,9 +249,9 @@ class Yielder:
             elif not busy and self.lowered:
                 self.thaw()
                 self._set(0)
-            if self.still is None:
+            if still is None:
                 continue
-            still = busy and self.still()
+            still = busy and still
             still_since = (still_since or now) if still else None
             if self._frozen and (not still or now - self._frozen_at >= self.frozen_max_s):
                 self.thaw(hold_s=None if not still else self.thaw_for_s)
