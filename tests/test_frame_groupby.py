@@ -220,3 +220,41 @@ def test_about_one_group_a_row_shuffles_the_rows_once(ranks):
     assert unique_rows[0] is True and few[0] is False
     for _, rows, expected_rows, exact, close in (unique_rows, few):
         assert rows == expected_rows and exact and close
+
+
+NARROW_SUMS = r"""
+import numpy as np
+import pyarrow as pa
+from mpi4py import MPI
+from hetflow import frame
+import mpiutil
+
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+# int32/uint32/int16 sums beyond their own type (summed at 64 bits), and small ones (summed in
+# their own type, then widened): exact either way
+big = {"i32": (pa.int32(), [2**31 - 1, 2**31 - 2, -5]), "u32": (pa.uint32(), [2**32 - 1, 7, 9]),
+       "i16": (pa.int16(), [-2**15, -2**15, 3]), "small": (pa.int32(), [1, 2, 3])}
+local = pa.table({"k": pa.array([0, 0, 1], pa.int64()),
+                  **{name: pa.array(v, t) for name, (t, v) in big.items()}})
+out = frame.from_local(comm, local).groupby("k").agg({c: ["sum", "mean"] for c in big}).gather()
+every = pa.concat_tables(comm.allgather(local)).to_pydict()
+want = {}
+for name in big:
+    for key in (0, 1):
+        vals = [v for k, v in zip(every["k"], every[name]) if k == key]
+        want[(name, key)] = (sum(vals), sum(vals) / len(vals))
+got = None if out is None else {(name, k): (s, m) for name in big for k, s, m in zip(
+    out.column("k").to_pylist(), out.column(f"{name}_sum").to_pylist(),
+    out.column(f"{name}_mean").to_pylist())}
+mpiutil.report(None if out is None else (sorted(got.items()), sorted(want.items()),
+                                         str(out.schema.field("i32_sum").type)))
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_narrow_integer_sums_are_exact_beyond_their_type(ranks):
+    got, want, sum_type = run_mpi(NARROW_SUMS, ranks, timeout=120).values(ranks)[0]
+    assert sum_type == "int64"
+    for (key, (s, m)), (key2, (ws, wm)) in zip(got, want):
+        assert key == key2 and s == ws and m == pytest.approx(wm, rel=1e-15)

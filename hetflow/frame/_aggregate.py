@@ -333,7 +333,7 @@ def _parts(k: _Kernel, p: Planned, cols: Sequence[pa.Array], merging: bool) -> N
     if name in ("sum", "mean"):
         x = k.col(col)
         wide = _wide(_engine.decoded(col).type)
-        if not pa.types.is_decimal(wide):
+        if not pa.types.is_decimal(wide) and not _engine.sums_fit(col):
             x = x.cast(pl.Float64 if pa.types.is_floating(wide) else
                        pl.UInt64 if pa.types.is_unsigned_integer(wide) else pl.Int64)
         count = k.hidden(k.count(col))   # a sum of no value is null

