@@ -148,11 +148,14 @@ def expand(carried, rank: int) -> list:
 
 
 def _as_dict(row: tuple, rank: int, pid: int, host: str, memory: int) -> dict:
-    sample = dict(zip(FIELDS, row))
-    rss = sample["rss"]
-    sample.update(rank=rank, pid=pid, host=host,
-                  memory_percent=100.0 * rss / memory if rss is not None and memory else None)
-    return sample
+    (now, user, system, voluntary, involuntary, rss, vms, read, written, percent, gpus, note,
+     final) = row
+    return {"pid": pid, "host": host, "cpu_user_s": user, "cpu_system_s": system,
+            "ctx_voluntary": voluntary, "ctx_involuntary": involuntary, "rss": rss,
+            "vms": vms,
+            "memory_percent": 100.0 * rss / memory if rss is not None and memory else None,
+            "read_bytes": read, "write_bytes": written, "time": now, "rank": rank,
+            "cpu_percent": percent, "gpus": gpus, "gpu_note": note, "final": final}
 
 
 def read_gpus(visible) -> tuple:
