@@ -43,12 +43,13 @@ test: test-main
 # pass by reading the source tree). uv installs it in ~5 s where pip took ~35 s; hetflow
 # itself is always rebuilt (uv would reuse a cached build of this directory). The remapped
 # hetflow.executors package must import both ways: test-openmpi runs on an editable install.
+# JUNIT=path also writes every test's time there (pytest's JUnit XML).
 test-main: chromium $(UV)
 	$(UV) pip install -q --compile-bytecode --python $(PY) --find-links $(WHEELS) '$(TORCH_CPU)'
 	$(UV) pip install -q --compile-bytecode --reinstall-package hetflow --python $(PY) '.[test]'
 	$(PY) -c "import torch; print('torch', torch.__version__)"
 	cd tests && ../$(PY) -c "import hetflow.executors.mpirun as m; assert 'site-packages' in m.__file__, m.__file__"
-	$(call PYTEST,$(VENV)) --durations=25
+	$(call PYTEST,$(VENV)) --durations=25 $(if $(JUNIT),--junitxml=$(JUNIT))
 
 # The declared floors are tested: every direct dependency at the lowest version
 # pyproject.toml allows (pyarrow, numpy, parsl, mpi4py, ...), engine and parity tests.

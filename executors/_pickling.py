@@ -12,6 +12,14 @@ this module and need only the standard library's built-in parts:
   object (``marshal``), the globals its code reads, and its attributes;
 - an importable module becomes a reference imported on load.
 
+A by-value function is pickled once (:func:`_function_bytes`) and its bytes are reused for
+every later task while what they were made from is the same: its code, defaults and
+attributes, and the globals it reads, each the same object and of a kind whose pickle cannot
+change while it is (a number, a string, an importable module, a class or function pickled by
+name, a tuple of those); any other global (a list, a dict, a function pickled by value) is
+pickled anew each time, as cloudpickle does. The rank unpickles a fresh function per task
+either way.
+
 Everything else (closures, classes from ``__main__``, dynamic modules) is left to
 cloudpickle, whose stream then imports cloudpickle on the rank as before. Code objects are
 specific to the Python version: a rank on another version gets a clear ``RuntimeError``
@@ -21,8 +29,11 @@ from __future__ import annotations
 
 import builtins
 import marshal
+import pickle
 import sys
 import types
+import weakref
+from typing import Optional
 
 #: The interpreter a marshalled code object was made by.
 _VERSION = tuple(sys.version_info[:2])
@@ -62,8 +73,117 @@ def _set_function_state(func: types.FunctionType, state: tuple) -> None:
     func.__dict__.update(extra)
 
 
+def _function_from(data: bytes) -> types.FunctionType:
+    """A function pickled alone (:func:`_function_bytes`), loaded: a fresh one per task."""
+    return pickle.loads(data)
+
+
+#: function -> (what its bytes were made from, the bytes); see :func:`_function_bytes`.
+_FUNCTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: code object -> the global names it may read (:func:`_global_names`).
+_NAMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: Kinds whose pickle cannot change while a value is the same object.
+_IMMUTABLE = frozenset((int, float, complex, str, bytes, bool, type(None), range,
+                        types.BuiltinFunctionType))
+
+
+#: Kinds pickle handles itself, asked of the pickler's ``reducer_override`` all the same.
+_NATIVE = frozenset((tuple, list, dict, set, frozenset, bytearray))
+
+
+def _settled(value) -> bool:
+    """Whether ``value`` pickles the same for as long as it is the same object."""
+    kind = type(value)
+    if kind in _IMMUTABLE:
+        return True
+    if kind is tuple:
+        return all(_settled(v) for v in value)
+    if kind is types.ModuleType:
+        return _importable(value)
+    if kind is types.FunctionType or isinstance(value, type):
+        try:
+            return _by_reference(value)
+        except Exception:  # noqa: BLE001 - a lookup that fails: pickle it each time
+            return False
+    return False
+
+
+def _sources(func: types.FunctionType) -> tuple:
+    """What a closure-free by-value function's pickle is made from: objects compared by
+    identity, then the number of modules imported (a module among its globals brings its
+    imported submodules along, see :func:`_submodules`)."""
+    code = func.__code__
+    names = _NAMES.get(code)
+    if names is None:
+        names = _NAMES[code] = tuple(_global_names(code))
+    scope = func.__globals__
+    values = [scope.get(name, _NAMES) for name in names]   # _NAMES: "not there"
+    return ((code, func.__defaults__, *values, *(func.__kwdefaults__ or {}).values(),
+             *func.__dict__.values(), *func.__annotations__.values(), func.__name__,
+             func.__qualname__, func.__module__, func.__doc__),
+            len(sys.modules) if any(type(v) is types.ModuleType for v in values) else 0)
+
+
+def _cached(func: types.FunctionType) -> Optional[bytes]:
+    """``func``'s bytes from :func:`_function_bytes` if made from the same sources."""
+    cached = _FUNCTIONS.get(func)
+    if cached is None:
+        return None
+    (objects, modules), data = cached
+    now, modules_now = _sources(func)
+    if modules == modules_now and len(objects) == len(now) \
+            and all(a is b for a, b in zip(objects, now)):
+        return data
+    return None
+
+
+def _function_bytes(func: types.FunctionType) -> Optional[bytes]:
+    """``func`` pickled alone in its light by-value form, kept for :func:`_cached`; None when
+    one of its sources may pickle otherwise while it is the same object (a mutable global):
+    the caller pickles it inline, each time."""
+    sources = _sources(func)
+    if not all(_settled(v) for v in sources[0][1:] if v is not _NAMES):
+        return None
+    import io
+
+    buffer = io.BytesIO()
+    pickler = _pickler_class()(buffer, protocol=5)
+    pickler.inline = func
+    pickler.dump(func)
+    data = buffer.getvalue()
+    _FUNCTIONS[func] = (sources, data)
+    return data
+
+
+def _plain(obj, depth: int = 0) -> bool:
+    """Whether ``obj`` is small plain data (numbers, strings, bytes, None in a few tuples,
+    lists and str-keyed dicts), which pickle writes as cloudpickle does."""
+    kind = type(obj)
+    if kind in _ATOMS:
+        return True
+    if depth > 2 or kind not in _CONTAINERS or len(obj) > 16:
+        return False
+    if kind is dict:
+        for key, value in obj.items():
+            if type(key) is not str or (type(value) not in _ATOMS
+                                        and not _plain(value, depth + 1)):
+                return False
+        return True
+    for value in obj:
+        if type(value) not in _ATOMS and not _plain(value, depth + 1):
+            return False
+    return True
+
+
+_ATOMS = frozenset((type(None), bool, int, float, complex, str, bytes))
+_CONTAINERS = frozenset((tuple, list, dict))
+
+
 def dumps(obj) -> bytes:
-    """``obj`` pickled by cloudpickle, with functions and modules in the light forms above."""
+    """``obj`` pickled by cloudpickle, with functions and modules in the light forms above
+    (small plain data by pickle itself: no cloudpickle pickler to set up, 8 us a call)."""
+    if _plain(obj):
+        return pickle.dumps(obj, protocol=5)
     import io
 
     buffer = io.BytesIO()
@@ -79,13 +199,34 @@ def _pickler_class():
     if _PICKLER is None:
         import cloudpickle
 
+        from hetflow.executors.payload import _with_arguments
+
+        # The reconstructors every payload names: by reference, without cloudpickle's
+        # module lookups (twice each: 6 of its 8 per no-op task, ~50 Python calls).
+        own = frozenset((_make_function, _set_function_state, _import, _with_arguments,
+                         _function_from))
+
         class PayloadPickler(cloudpickle.Pickler):
             """cloudpickle, with closure-free by-value functions and modules in light forms."""
 
+            inline = None      # the function being pickled alone (not from the cache)
+
             def reducer_override(self, obj):
-                if type(obj) is types.FunctionType and obj.__closure__ is None \
-                        and not _by_reference(obj):
-                    return _reduce_function(obj)
+                if type(obj) in _NATIVE:       # pickle's own (cloudpickle's says the same)
+                    return NotImplemented
+                if type(obj) is types.FunctionType:
+                    if obj in own:
+                        return NotImplemented
+                    if obj.__closure__ is None and obj is not self.inline:
+                        data = _cached(obj)
+                        if data is None and not _by_reference(obj):
+                            data = _function_bytes(obj)
+                            if data is None:
+                                return _reduce_function(obj)
+                        if data is not None:
+                            return _function_from, (data,)
+                    elif obj.__closure__ is None and not _by_reference(obj):
+                        return _reduce_function(obj)
                 if type(obj) is types.ModuleType and _importable(obj):
                     return _import, (obj.__name__,)
                 return super().reducer_override(obj)

@@ -6,7 +6,8 @@ runtime reshaping its slots through :meth:`TaskQueue.placement`) *kicks* the dis
 which asks the scheduler for the tasks that can start now (:meth:`SlotScheduler.pop_ready`,
 whose cost does not grow with the queue) and hands each to ``launch`` outside the lock. When
 the queue's head cannot start, ``blocked(task)`` is told once per head and per reshaping
-(``placement()``), not once per freed slot: a runtime that can reshape its slots (the pool
+(``placement()``), not once per freed slot, and only when the scheduler says a reshaping
+may help (:meth:`SlotScheduler.may_reshape`): a runtime that can reshape its slots (the pool
 consolidating its worlds) acts then, and a deep queue does not wake it for every task.
 """
 from __future__ import annotations
@@ -117,7 +118,8 @@ class TaskQueue:
             blocked = self.scheduler.blocked
             told, reshaped = self._told
             tell = blocked is not None and (told is None or told() is not blocked[0]
-                                            or reshaped != self._reshaped)
+                                            or reshaped != self._reshaped) \
+                and self.scheduler.may_reshape(blocked)
             if tell:
                 self._told = (weakref.ref(blocked[0]), self._reshaped)
         for task, *_ in ready:
@@ -126,11 +128,14 @@ class TaskQueue:
             self._on_blocked(blocked[0])
 
     # ------------------------------------------------------------------ queue and slots
-    def push(self, task, slots: int, gpus: int) -> None:
+    def push(self, task, slots: int, gpus: int, now: bool = False) -> None:
+        """Queue ``task``; ``now``: the caller calls :meth:`dispatch` itself (outside the
+        lock), else the dispatch thread is woken."""
         with self.lock:
             task.state = TaskState.SCHEDULING
             self.scheduler.push(task, slots, gpus)
-            self.kick()
+            if not now:
+                self.kick()
 
     def remove(self, task) -> bool:
         """Take ``task`` out of the queue; whether it was queued."""

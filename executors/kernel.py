@@ -10,8 +10,9 @@ stops work, through these hooks:
                             queue gave it) and ``task.devices`` (GPU ids: give the
                             ranks :meth:`Executor.rank_resources`, which the shared
                             rank binding applies); called on the kernel's dispatch
-                            thread (``dispatch_on_release``: the one calling ``release``),
-                            so hand long work to a thread or an event loop. When the
+                            thread (``dispatch_on_release``: the one calling ``release``;
+                            ``dispatch_on_submit``: the one calling ``submit``), so hand
+                            long work to a thread or an event loop. When the
                             task ends, call :meth:`Executor.complete` with the ranks'
                             outcomes (or :meth:`Executor.finish` with a value or error).
 ``_stop(task, error)``      required. Stop the running task's processes now. ``error``
@@ -110,6 +111,10 @@ class Executor(ParslExecutor):
     #: True: what fits on slots freed by :meth:`release` starts on the caller's thread, not
     #: the dispatch thread (the pool's broker, whose ``_start`` only posts to itself).
     dispatch_on_release: bool = False
+    #: True: a task submitted when it fits starts on the submitting thread (Parsl's task
+    #: launcher), not the dispatch thread: one thread hand-off less per task, for a runtime
+    #: whose ``_start`` only posts (the pool's broker).
+    dispatch_on_submit: bool = False
     #: Where the ranks' output goes: ``"console"`` (the client's stdout, each line prefixed
     #: ``[task N rank R]``), ``"files"`` (``<runtime dir>/output/task-NNNNNN.log``), a text
     #: stream, or ``"off"`` (not captured). ``hetflow.runtime(output=...)`` sets it.
@@ -225,11 +230,15 @@ class Executor(ParslExecutor):
         if sample_s is not None:
             task.samples = self._monitor.watch(task, directories, sample_s, parsl_ids)
         self._admit(task, args, kwargs)
+        now = self.dispatch_on_submit
         with self._lock:
             self._live[future] = task
-            self._queue.push(task, self._slots_needed(resources), self._gpus_needed(resources))
+            self._queue.push(task, self._slots_needed(resources), self._gpus_needed(resources),
+                             now=now)
         if self.progress is not None:
             self.progress.submitted(task_id)
+        if now:
+            self._queue.dispatch()
         return future
 
     def check_resources(self, resources: Resources) -> None:

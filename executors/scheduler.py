@@ -112,6 +112,12 @@ class SlotScheduler:
         return heads[0] if heads else None
 
     # ------------------------------------------------------------------ decisions
+    def may_reshape(self, entry: list) -> bool:
+        """Whether the runtime may need to reshape its slots for the blocked head ``entry``
+        (it is told of it only then); here always: a deep queue's head waits for busy slots
+        once per task, and a runtime that knows when that is all it waits for says so."""
+        return True
+
     def may_fit(self, item, need: int, gpus: int) -> bool:
         """False when ``item`` cannot fit now, without trying (cheap: no slot is looked at)."""
         return need <= len(self._free) and gpus <= len(self._free_devices)

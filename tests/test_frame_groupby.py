@@ -158,3 +158,65 @@ def test_integer_mean_of_a_sum_beyond_2_53_is_a_float(ranks):
     got, expected = run_mpi(BIG_MEAN, ranks, timeout=120).values(ranks)[0]
     assert got["k"] == expected["k"] and got["v_sum"] == expected["v_sum"]
     assert got["v_mean"] == pytest.approx(expected["v_mean"], rel=1e-15)
+
+
+MANY_GROUPS = r"""
+import numpy as np
+import pyarrow as pa
+import polars as pl
+from mpi4py import MPI
+from hetflow import frame
+from hetflow.frame import Agg, _groupby
+import mpiutil
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+n = 4 * _groupby.SAMPLE_ROWS + 1000
+
+
+def part(r, groups):
+    rng = np.random.default_rng([5, r])
+    k = rng.integers(0, groups, n)
+    return pa.table({"k": pa.array(k, pa.int64(), mask=rng.random(n) < 0.01),
+                     "s": pa.array([f"s{x % 7}" for x in k], mask=rng.random(n) < 0.01),
+                     "v": pa.array(rng.integers(-1000, 1000, n), pa.int64(),
+                                   mask=rng.random(n) < 0.05),
+                     "f": pa.array(rng.normal(size=n))})
+
+
+spec = {"v": ["sum", "count", "mean", "min", "max", "first", "last", Agg("std", ddof=0),
+              Agg("nlargest", n=2)], "f": ["sum", "mean", "size"]}
+x, v, f = pl.col("x"), pl.col("v"), pl.col("f")
+exprs = [pl.when(v.count() > 0).then(v.sum()).alias("v_sum"), v.count().alias("v_count"),
+         v.mean().alias("v_mean"), v.min().alias("v_min"), v.max().alias("v_max"),
+         v.first().alias("v_first"), v.last().alias("v_last"), v.std(ddof=0).alias("v_std_ddof0"),
+         v.drop_nulls().top_k(2).sort(descending=True).alias("v_nlargest_2"),
+         f.sum().alias("f_sum"), f.mean().alias("f_mean"), pl.len().alias("f_size")]
+out = {}
+for groups in (10**12, 1000):   # about one group a row; then 1000 groups (x 7 strings)
+    local = part(rank, groups)
+    t = frame.from_local(comm, local)
+    routed = _groupby._few_repeats(comm, local, ["k", "s"])
+    got = t.groupby(["k", "s"]).agg(spec).gather()
+    if rank == 0:
+        every = pl.from_arrow(pa.concat_tables([part(r, groups) for r in range(size)]))
+        want = every.group_by(["k", "s"]).agg(exprs).sort(["k", "s"], nulls_last=True)
+        got = pl.from_arrow(got).sort(["k", "s"], nulls_last=True)
+        floats = ["v_mean", "v_std_ddof0", "f_sum", "f_mean"]
+        exact = got.drop(floats).equals(want.select(got.columns).drop(floats))
+        close = all(((got[c] - want[c]).abs() <= 1e-9 * (1 + want[c].abs())).fill_null(
+            got[c].is_null() == want[c].is_null()).all() for c in floats)
+        out[str(groups)] = [routed, got.height, want.height, exact, close]
+mpiutil.report(out if rank == 0 else None)
+"""
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_about_one_group_a_row_shuffles_the_rows_once(ranks):
+    # About one group a row: the rows are shuffled and aggregated once (no partial rows that
+    # keep them all); 1000 x 7 groups: partial rows, merged. Both equal to polars.
+    got = run_mpi(MANY_GROUPS, ranks, timeout=300).values(ranks)[0]
+    unique_rows, few = got[str(10**12)], got["1000"]
+    assert unique_rows[0] is True and few[0] is False
+    for _, rows, expected_rows, exact, close in (unique_rows, few):
+        assert rows == expected_rows and exact and close

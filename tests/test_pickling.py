@@ -5,6 +5,7 @@ user's script) and loads in another (as a rank does, with plain ``pickle``), whi
 result and whether it imported cloudpickle.
 """
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -116,3 +117,51 @@ def test_a_function_pickled_by_another_python_version_is_refused():
     with pytest.raises(RuntimeError, match=r"pickled by Python 3\.1 and cannot be loaded"):
         func, fargs = pickle.loads(stale)
         func(*fargs)
+
+
+CACHE_SCRIPT = textwrap.dedent('''
+    import json, os, pickle
+    from hetflow.executors import _pickling
+
+    reduced = []
+    real = _pickling._reduce_function
+    _pickling._reduce_function = lambda f: reduced.append(f.__name__) or real(f)
+
+    SCALE = 3
+    ITEMS = [1]
+
+    def scaled(x):
+        return x * SCALE
+
+    def counted():
+        return len(ITEMS)
+
+    def joined():
+        return os.path.join("a", "b")
+
+    def run(f, *args, times=50):
+        before = len(reduced)
+        blobs = {_pickling.dumps(f) for _ in range(times)}
+        return [pickle.loads(blobs.pop())(*args), len(blobs), len(reduced) - before]
+
+    out = {"scaled": run(scaled, 2), "joined": run(joined), "counted": run(counted)}
+    SCALE = 5                 # rebound: pickled anew, once
+    ITEMS.append(2)           # changed in place: a list is pickled anew every time
+    out["scaled_again"] = run(scaled, 2)
+    out["counted_again"] = run(counted)
+    print(json.dumps(out))
+''')
+
+
+def test_a_function_is_pickled_once_while_what_it_reads_stays_the_same(tmp_path):
+    """A by-value function is reduced once for 50 payloads, and anew when a global it reads
+    is rebound; one reading a mutable global (a list) is reduced every time, so a change
+    in place reaches the ranks (cloudpickle's semantics)."""
+    (tmp_path / "cache.py").write_text(CACHE_SCRIPT)
+    out = json.loads(subprocess.run([sys.executable, "cache.py"], check=True,
+                                    capture_output=True, cwd=tmp_path, timeout=120).stdout)
+    assert out["scaled"] == [6, 0, 1]
+    assert out["joined"] == [os.path.join("a", "b"), 0, 1]
+    assert out["counted"] == [1, 0, 50]
+    assert out["scaled_again"] == [10, 0, 1]
+    assert out["counted_again"] == [2, 0, 50]

@@ -52,6 +52,8 @@ class Broker:
         self.consolidating = False
         self.ready = threading.Event()
         self._inbox: deque = deque()
+        self._soon: List[tuple] = []             # what the broker posted to itself
+        self._ident: Optional[int] = None        # the broker thread's, once it runs
         self._inbox_lock = threading.Lock()
         self._wake_pending = False
         self._blocked_pending = False
@@ -70,6 +72,11 @@ class Broker:
     # ------------------------------------------------------------------ other threads
     def post(self, command) -> None:
         """Ask the broker thread to run ``command`` (a tuple: kind, arguments)."""
+        if threading.get_ident() == self._ident:
+            # The broker itself (slots it freed placed a task): no wake-up through the pipe,
+            # run once the message at hand is handled (a start: at once, see _on_outcome).
+            self._soon.append(command)
+            return
         with self._inbox_lock:
             self._inbox.append(command)
             wake = not self._wake_pending
@@ -110,8 +117,8 @@ class Broker:
     def send(self, identity: bytes, frames, copy: bool = True) -> bool:
         import zmq
         try:
-            self._router.send_multipart([identity] + self.signer.sign(wire.TO_RANK, identity,
-                                                                      frames), copy=copy)
+            wire.send(self._router, [identity] + self.signer.sign(wire.TO_RANK, identity, frames),
+                      copy=copy)
             return True
         except zmq.ZMQError:          # peer gone (ROUTER_MANDATORY): the monitor will notice
             return False
@@ -119,6 +126,7 @@ class Broker:
     def _loop(self) -> None:
         import zmq
 
+        self._ident = threading.get_ident()
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
@@ -153,7 +161,13 @@ class Broker:
             commands = list(self._inbox)
             self._inbox.clear()
             self._wake_pending = False
+        return self._run(commands)
+
+    def _run(self, commands) -> bool:
+        """Run posted commands (then what they posted meanwhile); True when told to exit."""
         for kind, *args in commands:
+            if self._soon and self._run_soon():
+                return True
             if kind == "start":
                 self._dispatch(*args)
             elif kind == "stop":
@@ -171,14 +185,27 @@ class Broker:
             elif kind == "exit":
                 self.mpi.close()
                 return True
-        return False
+        return bool(self._soon) and self._run_soon()
+
+    def _run_soon(self) -> bool:
+        commands, self._soon = self._soon, []
+        return self._run(commands)
+
+    def _start_soon(self) -> None:
+        """Send the tasks placed on slots the broker just freed, now (their ranks start
+        while the broker delivers what came back); the other commands wait their turn."""
+        if self._soon:
+            starts = [c for c in self._soon if c[0] == "start"]
+            self._soon = [c for c in self._soon if c[0] != "start"]
+            for _, task in starts:
+                self._dispatch(task)
 
     def _drain_router(self) -> None:
         import zmq
 
         while True:
             try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK)
+                frames = wire.recv(self._router, zmq.NOBLOCK)
             except zmq.Again:
                 return
             identity = frames[0]
@@ -190,6 +217,8 @@ class Broker:
                 self._on_message(identity, message)
             except Exception as exc:  # noqa: BLE001 - a signed but malformed message
                 self._malformed(identity, message[0], exc)
+            if self._soon:
+                self._run_soon()
 
     def _on_message(self, identity: bytes, message: list) -> None:
         kind = message[0]
@@ -293,6 +322,7 @@ class Broker:
             if kept >= self.pool.max_kept_comms:    # before the slot is free, too
                 recycle(self, slot)
             self._free([slot.id])
+            self._start_soon()
             run = task.handle
             outcome.rank = task.slots.index(slot.id)
             run.outcomes[outcome.rank] = outcome

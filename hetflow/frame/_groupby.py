@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
+import numpy as np
 import pyarrow as pa
 
-from hetflow.frame import _aggregate, _arrays, _check, _cylon_rules, _pycylon
+from hetflow.frame import _aggregate, _arrays, _check, _cylon_rules, _engine, _pycylon
 from hetflow.frame._aggregate import Agg, Planned
 from hetflow.frame._agreement import step
+from hetflow.frame._mpi import MPI, wait_all
+from hetflow.frame._phases import phase
 from hetflow.frame._prepare import prepare, require_table
 from hetflow.frame._shuffle import shuffle_local
 from hetflow.frame._table import DistributedTable
@@ -62,7 +65,8 @@ class GroupBy:
                                        result_schema(t.local.schema, self.by, planned))
             return _legacy(prep.result(out, backend="pycylon"), planned, legacy_names)
         out = aggregate(t.comm, t.local, self.by, planned,
-                        lambda table, keys: shuffle_local(t.comm, table, keys, prep.backend))
+                        lambda table, keys: shuffle_local(t.comm, table, keys, prep.backend,
+                                                          alone=True))
         return _legacy(prep.result(out), planned, legacy_names)
 
 
@@ -87,23 +91,72 @@ def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
     ``shuffle(table, keys)`` moves rows so that equal keys meet on one rank."""
     values = [c for c in dict.fromkeys(p.column for p in planned) if c not in by]
     source = table.select(list(by) + values)
-    if _aggregate.holistic(planned) and comm.Get_size() > 1:
+    rows_moved = _aggregate.holistic(planned) or _few_repeats(comm, source, by)
+    if rows_moved and comm.Get_size() > 1:
         source = shuffle(source, list(by))          # the values of each group meet here
-    if _aggregate.holistic(planned) or comm.Get_size() == 1:
-        with step(comm, "groupby: aggregating the groups"):
+    if rows_moved or comm.Get_size() == 1:
+        with step(comm, "groupby: aggregating the groups"), phase("local"):
             out = _aggregate.whole(source, by, planned)
         return out
     names = _names(by, planned)
     # the partials' types as an empty partition gives them, the same on every rank (the
     # exchange reads each rank's columns as the agreed types)
-    schema = _aggregate.partials(source.slice(0, 0), by, planned, names).schema
-    partial = _aggregate.partials(source, by, planned, names).cast(schema)
+    with phase("partial"):
+        schema = _aggregate.partials(source.slice(0, 0), by, planned, names).schema
+        partial = _aggregate.partials(source, by, planned, names).cast(schema)
     del source
     merged = shuffle(partial, list(by))             # one row per group and source rank
     del partial
-    with step(comm, "groupby: merging and finishing the groups"):
+    with step(comm, "groupby: merging and finishing the groups"), phase("local"):
         out = _merged(merged, by, planned, names)
     return out
+
+
+#: Rows of a rank's sample for :func:`_few_repeats`; a rank with fewer than SAMPLE_ROWS * 4
+#: rows takes no sample (its partial rows are cheap whatever they hold).
+SAMPLE_ROWS = 1 << 15
+#: Partial rows per input row above which the rows themselves are shuffled.
+MOST_ROWS_KEPT = 0.5
+
+
+def _few_repeats(comm, source: pa.Table, by: List[str]) -> bool:
+    """Whether partial rows would keep most of the rows (about one group a row): then each
+    rank's partial aggregation costs as much as the merge after it and saves no exchange, and
+    the rows are shuffled and aggregated once instead (collective: one small allreduce).
+
+    Each rank of at least ``4 * SAMPLE_ROWS`` rows counts the groups of a seeded sample of
+    its rows (about SAMPLE_ROWS, drawn uniformly: a sorted table's groups are not read as
+    more than they are), estimates its groups ``G`` from ``d = G (1 - exp(-s / G))``
+    (``d`` groups in ``s`` rows drawn evenly from them) and its partial rows as
+    ``G (1 - exp(-n / G))``; the decision is on the sum over the ranks. Six keys of about one
+    group a row, 5M rows a rank: 2.2 s of CPU per rank saved of 5.4 (a loaded machine)."""
+    if comm.Get_size() == 1:
+        return False
+    n = source.num_rows
+    mine = np.zeros(2, np.int64)
+    if n >= 4 * SAMPLE_ROWS:
+        picked = np.random.default_rng(41).integers(0, n, SAMPLE_ROWS)
+        picked.sort()
+        picked = picked[np.concatenate(([True], picked[1:] != picked[:-1]))]  # distinct rows
+        sample = source.select(by).take(_arrays.arrow_of(picked))
+        seen = _engine.distinct_rows([sample.column(k) for k in by])
+        mine[:] = n, round(_partial_rows(seen, len(picked), n))
+    total = np.empty(2, np.int64)
+    wait_all([comm.Iallreduce(mine, total, op=MPI.SUM)])
+    return bool(total[0] and total[1] > MOST_ROWS_KEPT * total[0])
+
+
+def _partial_rows(seen: int, sample: int, rows: int) -> float:
+    """The groups among ``rows`` rows drawn as ``sample`` rows that held ``seen`` groups."""
+    if seen >= sample:
+        return float(rows)
+    lo, hi = float(seen), float(seen)
+    while hi * -np.expm1(-sample / hi) < seen:      # G (1 - exp(-s / G)) rises with G
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mid * -np.expm1(-sample / mid) < seen else (lo, mid)
+    return hi * -np.expm1(-rows / hi)
 
 
 def _merged(merged: pa.Table, by: List[str], planned: Sequence[Planned],

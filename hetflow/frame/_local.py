@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import ConfigError, HetflowError, InputError, KeyColumnError, NotSupported
-from hetflow.frame import _check
+from hetflow.frame import _check, _engine
 from hetflow.frame._prepare import require_table
 from hetflow.frame._table import DistributedTable
 
@@ -233,8 +233,8 @@ def to_polars(table: DistributedTable, root: int = 0):
     whole = require_table(table, "to_polars: table").gather(root)
     if whole is None:
         return None
-    import polars as pl
-    return pl.from_arrow(whole)
+    # through the engine's import: polars' threads and allocator set as its kernels' are
+    return _engine.polars().from_arrow(whole)
 
 
 def from_pandas(comm, df, *, schema: Optional[pa.Schema] = None,

@@ -23,7 +23,7 @@ def unique(table: DistributedTable, subset=None, *,
         table.comm.Get_size(), table.local, names))
     if prep.pycylon:
         return prep.result(_pycylon.unique(table.comm, table.local), backend="pycylon")
-    shuffled = shuffle_local(table.comm, table.local, names, prep.backend)
+    shuffled = shuffle_local(table.comm, table.local, names, prep.backend, alone=True)
     # -0.0 and 0.0 one value, NaN one value, as in the group-by and polars
     with step(table.comm, "unique: each key's first row"):
         out = shuffled.take(pa.array(_engine.first_rows([shuffled.column(n) for n in names])))
