@@ -84,3 +84,16 @@ def test_a_no_op_task_costs_the_client_a_bounded_number_of_python_calls():
     # The pool's only os.write per task is a post to the broker's wake-up pipe (thread names:
     # which thread woke it).
     assert sum(writes.values()) / TASKS <= MAX_WAKE_WRITES_PER_TASK, writes
+
+
+def test_a_rank_reads_its_host_name_once(monkeypatch):
+    """A rank asks for its node's name twice per task (where to capture, and its outcome's
+    host): one ``uname`` syscall per process, not two per task."""
+    from hetflow.executors import payload
+
+    calls = []
+    real = os.uname
+    monkeypatch.setattr(os, "uname", lambda: calls.append(1) or real())
+    monkeypatch.setattr(payload, "_HOST", [])
+    names = {payload.host() for _ in range(100)}
+    assert names == {real().nodename} and len(calls) == 1
