@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import builtins
 import marshal
+import operator
 import pickle
 import sys
 import types
@@ -87,6 +88,9 @@ _IMMUTABLE = frozenset((int, float, complex, str, bytes, bool, type(None), range
                         types.BuiltinFunctionType))
 
 
+#: Classes cloudpickle pickles by name (its module lookups done once per class: a payload
+#: names the app's MPITask and RankFiles, 10 Python calls a task).
+_NAMED: "weakref.WeakSet" = weakref.WeakSet()
 #: Kinds pickle handles itself, asked of the pickler's ``reducer_override`` all the same.
 _NATIVE = frozenset((tuple, list, dict, set, frozenset, bytearray))
 
@@ -132,7 +136,7 @@ def _cached(func: types.FunctionType) -> Optional[bytes]:
     (objects, modules), data = cached
     now, modules_now = _sources(func)
     if modules == modules_now and len(objects) == len(now) \
-            and all(a is b for a, b in zip(objects, now)):
+            and all(map(operator.is_, objects, now)):
         return data
     return None
 
@@ -229,6 +233,16 @@ def _pickler_class():
                         return _reduce_function(obj)
                 if type(obj) is types.ModuleType and _importable(obj):
                     return _import, (obj.__name__,)
+                if isinstance(obj, type):
+                    try:
+                        if obj in _NAMED:
+                            return NotImplemented
+                    except TypeError:               # a metaclass that makes it unhashable
+                        return super().reducer_override(obj)
+                    reduced = super().reducer_override(obj)
+                    if reduced is NotImplemented:       # cloudpickle: by name
+                        _NAMED.add(obj)
+                    return reduced
                 return super().reducer_override(obj)
 
         _PICKLER = PayloadPickler

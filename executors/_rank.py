@@ -162,22 +162,21 @@ def _capture(files, rank: int):
     process (the debug runtime: its output is already on the client's console)."""
     if not files:
         return _NoCapture()
-    here, elsewhere, output, client_pid, client_host = files[:5]
-    if client_host == host():
-        if client_pid == os.getpid():
+    if files.client_host == host():
+        if files.client_pid == os.getpid():
             return _NoCapture()
-        directory = here
+        directory = files.here
     else:
         from hetflow._private import private_dir
 
-        directory = elsewhere
+        directory = files.elsewhere
         try:
             private_dir(directory)
         except OSError:
             return _NoCapture()
     from hetflow.executors._rankio import Capture
 
-    return Capture(directory, rank, output)
+    return Capture(directory, rank, files.output)
 
 
 #: How a rank waits for its peers before a task starts (:func:`arrive`): this many polls,

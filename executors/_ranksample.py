@@ -148,11 +148,14 @@ def expand(carried, rank: int) -> list:
 
 
 def _as_dict(row: tuple, rank: int, pid: int, host: str, memory: int) -> dict:
-    sample = dict(zip(FIELDS, row))
-    rss = sample["rss"]
-    sample.update(rank=rank, pid=pid, host=host,
-                  memory_percent=100.0 * rss / memory if rss is not None and memory else None)
-    return sample
+    (now, user, system, voluntary, involuntary, rss, vms, read, written, percent, gpus, note,
+     final) = row
+    return {"pid": pid, "host": host, "cpu_user_s": user, "cpu_system_s": system,
+            "ctx_voluntary": voluntary, "ctx_involuntary": involuntary, "rss": rss,
+            "vms": vms,
+            "memory_percent": 100.0 * rss / memory if rss is not None and memory else None,
+            "read_bytes": read, "write_bytes": written, "time": now, "rank": rank,
+            "cpu_percent": percent, "gpus": gpus, "gpu_note": note, "final": final}
 
 
 def read_gpus(visible) -> tuple:
@@ -380,11 +383,11 @@ def sampling(capture, files, rank: int):
     """The sampler for this rank and task (see :class:`Sampler`), or nothing: sampling off
     (``files`` carries no interval) or no files dir. A rank in the client's own process (the
     debug runtime) captures no output, but samples into the task's node-local files dir."""
-    interval = files[5] if files and len(files) > 5 else None
+    interval = files.sample_s if files else None
     directory = getattr(capture, "directory", None)
-    if directory is None and interval is not None and files[3] == os.getpid() \
-            and files[4] == _HOST and os.path.isdir(files[0]):
-        directory = files[0]
+    if directory is None and interval is not None and files.client_pid == _pid \
+            and files.client_host == _HOST and os.path.isdir(files.here):
+        directory = files.here
     if interval is None or directory is None:
         return _Off()
     return Sampler(directory, rank, interval)

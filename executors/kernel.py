@@ -70,7 +70,7 @@ from hetflow import errors, tables
 from hetflow.apps import ARGUMENTS_KWARG
 from hetflow.errors import ConfigError, ExecutorBroken, NotSupported, ResourcesUnavailable
 from hetflow.executors import monitoring, rankio, stacks
-from hetflow.executors.payload import TaskPayload, collect
+from hetflow.executors.payload import RankFiles, TaskPayload, collect
 from hetflow.executors.allocation import default_slots
 from hetflow.executors.dispatch import Task, TaskQueue
 from hetflow.executors.resource_spec import InvalidResourceSpec, read_resources  # noqa: F401
@@ -219,7 +219,7 @@ class Executor(ParslExecutor):
         if prepared_args is not args or prepared_kwargs is not kwargs:
             args, kwargs, arguments = prepared_args, prepared_kwargs, None
         directories = self._follower.directories(task_id)
-        files = (*directories, self.output != "off", *self._client, sample_s)
+        files = RankFiles(*directories, self.output != "off", *self._client, sample_s)
         payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
                               resources=resources,
                               tables=os.path.join(self.run_root, tables.TABLES_DIR),

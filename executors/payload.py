@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+from collections import namedtuple
 from collections.abc import Callable
 
 #: Values whose cloudpickle form is plain pickle's (so a rank need not import cloudpickle).
@@ -30,6 +31,15 @@ def dumps(obj) -> bytes:
     return cloudpickle.dumps(obj)
 
 
+#: Where a task's ranks leave their output, stacks and resource samples (``_rankio``,
+#: ``_ranksample``): ``here``, the files dir for ranks on the client's node (in memory where
+#: it can), ``elsewhere``, the one for ranks on other nodes (in the run dir, shared);
+#: ``output``, whether the ranks' output is captured; ``client_pid``, ``client_host``, the
+#: client's process and node; ``sample_s``, the seconds between two resource samples (None:
+#: sampling off).
+RankFiles = namedtuple("RankFiles", "here elsewhere output client_pid client_host sample_s")
+
+
 # TaskPayload and RankOutcome are plain classes, not dataclasses: ``dataclasses`` (with the
 # ``inspect`` it imports) would cost a rank about as many instructions as mpi4py itself.
 
@@ -42,7 +52,7 @@ class TaskPayload:
     """
 
     def __init__(self, task_id: int, func: Callable, args: tuple, kwargs: dict, resources,
-                 tables: str | None = None, files: tuple | None = None,
+                 tables: str | None = None, files: RankFiles | None = None,
                  arguments: bytes | None = None):
         self.task_id = task_id
         self.func = func
@@ -51,10 +61,8 @@ class TaskPayload:
         self._resources = resources
         #: Where a rank writes its partition of a returned DistributedTable (hetflow.tables).
         self.tables = tables
-        #: ``(dir_on_client_node, dir_elsewhere, capture_output, client_pid, client_host,
-        #: sample_s)``: where the ranks leave their output, stacks and resource samples
-        #: (``_rankio``, ``_ranksample``: every ``sample_s`` seconds, None: off); None: no
-        #: capture.
+        #: Where the ranks leave their output, stacks and resource samples
+        #: (:data:`RankFiles`); None: no capture.
         self.files = files
         self._arguments = arguments      # (args, kwargs) as the client pickled them once
 
@@ -154,8 +162,15 @@ def error_outcome(rank: int, exc: BaseException, started: float, finished: float
                        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
 
 
+_HOST: list = []
+
+
 def host() -> str:
-    return os.uname().nodename      # what socket.gethostname() returns, without importing socket
+    """This node's name (what socket.gethostname() returns, without importing socket), read
+    once per process: a pool rank asked twice per task (a ``uname`` syscall each)."""
+    if not _HOST:
+        _HOST.append(os.uname().nodename)
+    return _HOST[0]
 
 
 def collect(outcomes: dict, task_id, resources, executor: str, *,

@@ -222,3 +222,37 @@ def test_the_throughput_experiment_runs_and_reports(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "| tasks | ranks | slots | pool | threads | pool − Parsl ms/task |" in report
     assert "Tasks lost over every run: 0." in report
+
+
+class _Queued:
+    """What the kernel's queue needs of a task: where it puts its slots and state."""
+
+    slots = devices = state = None
+
+
+def test_a_deep_queue_tells_the_pool_of_a_blocked_head_only_when_reshaping_may_help():
+    """10,000 1-rank tasks on a pool world of 2 ranks: each becomes the blocked head once,
+    and none could need the pool to reshape its worlds (told before: 9,998 times, each a
+    post to the broker and its look at the worlds). A head bigger than every world is told."""
+    from hetflow.executors.dispatch import TaskQueue
+
+    scheduler = PoolScheduler(max_bypass=16)
+    for slot in (0, 1):
+        scheduler.add_slot(slot, world=0, node="n", wrank=slot)
+    scheduler.release([0, 1])
+    started, told = deque(), []
+    queue = TaskQueue("test", scheduler, started.append, told.append)
+    tasks = [_Queued() for _ in range(WAITING)]
+    for task in tasks:
+        queue.push(task, 1, 0)
+        queue.dispatch()
+    ran = 0
+    while started:
+        task = started.popleft()
+        ran += 1
+        queue.release(task.slots, now=True)       # done: its slot goes to the next
+    assert ran == WAITING and told == []
+    big = _Queued()
+    queue.push(big, 3, 0)
+    queue.dispatch()
+    assert told == [big]
