@@ -162,8 +162,15 @@ def error_outcome(rank: int, exc: BaseException, started: float, finished: float
                        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
 
 
+_HOST: list = []
+
+
 def host() -> str:
-    return os.uname().nodename      # what socket.gethostname() returns, without importing socket
+    """This node's name (what socket.gethostname() returns, without importing socket), read
+    once per process: a pool rank asked twice per task (a ``uname`` syscall each)."""
+    if not _HOST:
+        _HOST.append(os.uname().nodename)
+    return _HOST[0]
 
 
 def collect(outcomes: dict, task_id, resources, executor: str, *,

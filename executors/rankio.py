@@ -333,7 +333,10 @@ class Follower:
         """Make the task's node-local files dir (owner-only) and follow it while it runs."""
         if task.files is None:
             directories = self.directories(task.id)
-            private_dir(directories[0])
+            try:   # in the owner-only node root: mkdir's mode can only narrow under a umask
+                os.mkdir(directories[0], 0o700)
+            except OSError:      # there already, or its parents are not: tightened or made
+                private_dir(directories[0])
             task.files = TaskFiles(task, self.label, directories, self.output, self.run_root,
                                    self.write_lock, getattr(self._progress(), "paused", None))
         self.add(task.files)
