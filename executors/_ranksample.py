@@ -45,6 +45,7 @@ from __future__ import annotations
 import _thread
 import math
 import os
+import struct
 import time
 
 
@@ -137,14 +138,48 @@ FIELDS = ("time", "cpu_user_s", "cpu_system_s", "ctx_voluntary", "ctx_involuntar
 
 def expand(carried, rank: int) -> list:
     """The samples of ``carried`` (``(pid, host, node memory, rows)``: a rank's
-    :attr:`Sampler.compact`) as the dicts the fields above describe; ``[]`` for anything
-    else."""
+    :attr:`Sampler.compact`; or ``(pid, host, bytes)``, the same :func:`pack` packed) as
+    the dicts the fields above describe; ``[]`` for anything else."""
     try:
+        if len(carried) == 3:       # (pid, host, packed): as the pool's client received them
+            carried = unpack(carried[2], carried[0], carried[1])
         pid, host, memory, rows = carried
         return [_as_dict(row, rank, pid, host, memory) for row in rows
                 if isinstance(row, tuple) and len(row) == len(FIELDS)]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, struct.error):
         return []
+
+
+#: A quick task's two samples packed (:func:`pack`): the node's memory, then per sample its
+#: time, CPU seconds (user, system), context switches, rss, vms and CPU percent.
+_PACKED = struct.Struct("<q" + "dddqqqqd" * 2)
+#: Its size in bytes.
+SAMPLES_PACKED = _PACKED.size
+_NO_GPU = "no GPU bound to this rank"
+
+
+def pack(compact, pid: int, host: str):
+    """``compact`` (a rank's carried samples) as :data:`_PACKED`'s bytes, where it holds
+    nothing else: the first and last samples of this rank's process, no GPU bound, no I/O
+    counters (every quick task on a node without GPUs); None otherwise."""
+    try:
+        own_pid, own_host, memory, rows = compact
+        first, last = rows
+        if own_pid != pid or own_host != host or first[12] or not last[12]:
+            return None
+        for row in rows:
+            if row[7:9] != (None, None) or row[10] is not None or row[11] != _NO_GPU:
+                return None
+        return _PACKED.pack(memory, *first[:7], first[9], *last[:7], last[9])
+    except (TypeError, ValueError, struct.error):
+        return None
+
+
+def unpack(data: bytes, pid: int, host: str) -> tuple:
+    """The carried samples :func:`pack` packed (the outcome's ``pid`` and ``host``)."""
+    v = _PACKED.unpack(data)
+    return pid, host, v[0], ((*v[1:8], None, None, v[8], None, _NO_GPU, False),
+                             (*v[9:16], None, None, v[16], None, _NO_GPU, True))
 
 
 def _as_dict(row: tuple, rank: int, pid: int, host: str, memory: int) -> dict:
@@ -341,7 +376,7 @@ class Sampler:
                 percent = 100.0 * (cpu - self._cpu) / (now - self.last)
             self._cpu, self.last = cpu, now
             if self._visible is None:
-                gpus, note = None, "no GPU bound to this rank"
+                gpus, note = None, _NO_GPU
             elif first:
                 gpus, note = None, "GPUs are not read when the task starts"
             else:

@@ -62,7 +62,11 @@ class TaskPayload:
         #: Where a rank writes its partition of a returned DistributedTable (hetflow.tables).
         self.tables = tables
         #: Where the ranks leave their output, stacks and resource samples
-        #: (:data:`RankFiles`); None: no capture.
+        #: (:data:`RankFiles`); None: no capture. It travels as a plain tuple (the class
+        #: pickled with it cost the client 14 Python calls a task in cloudpickle), made a
+        #: RankFiles again without a Python call (``tuple.__new__``).
+        if files is not None and type(files) is not RankFiles:
+            files = tuple.__new__(RankFiles, files)
         self.files = files
         self._arguments = arguments      # (args, kwargs) as the client pickled them once
 
@@ -79,11 +83,12 @@ class TaskPayload:
         resources = self._resources
         if not isinstance(resources, dict):
             resources = resources.as_dict()
+        files = None if self.files is None else tuple(self.files)
         if self._arguments is not None:
             return (_with_arguments, (self.task_id, self.func, self._arguments, resources,
-                                      self.tables, self.files))
+                                      self.tables, files))
         return (TaskPayload, (self.task_id, self.func, self.args, self.kwargs, resources,
-                              self.tables, self.files))
+                              self.tables, files))
 
     def __repr__(self) -> str:
         return (f"TaskPayload(task_id={self.task_id!r}, func={self.func!r}, args={self.args!r}, "
