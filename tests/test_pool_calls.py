@@ -18,13 +18,11 @@ freed is sent by the broker at once (no write to its own wake-up pipe): 0.68 suc
 task before, 0.03 since.
 """
 import collections
-import logging
 import os
-import sys
-import tempfile
 import threading
 
 import pytest
+from callcount import run_counted
 
 import hetflow
 
@@ -57,29 +55,15 @@ def test_a_no_op_task_costs_the_client_a_bounded_number_of_python_calls():
             elif event == "c_call" and arg is os.write:
                 writes[threading.current_thread().name] += 1
 
-    run_dir = tempfile.mkdtemp(prefix="hetflow-test-calls-")
-    # Log records at INFO and below are not made, whatever level an earlier test left set
-    # (a fresh-clone CI run counted 1,505 calls per task, most in logging, after one did).
-    logging.disable(logging.INFO)
-    threading.setprofile(hook)             # every thread the runtime starts from here on
-    try:
-        with hetflow.runtime("pool", max_ranks=2, output="off", run_dir=run_dir,
-                             progress=False):
-            for _ in range(10):            # warm: imports, communicators, caches
-                noop().result()
-            sys.setprofile(hook)
-            counting[0] = True
-            futures = [noop() for _ in range(TASKS)]
-            values = [f.result(timeout=120) for f in futures]
-            counting[0] = False
-            sys.setprofile(None)
-    finally:
-        threading.setprofile(None)
-        sys.setprofile(None)
-        logging.disable(logging.NOTSET)
-        import shutil
+    def warm():
+        for _ in range(10):
+            noop().result()
 
-        shutil.rmtree(run_dir, ignore_errors=True)
+    def run():
+        futures = [noop() for _ in range(TASKS)]
+        return [f.result(timeout=120) for f in futures]
+
+    values = run_counted(hook, counting, warm, run)
     assert values == [None] * TASKS
     per_task = sum(counts.values()) / TASKS
     # No deep copy of a task's resources anywhere on the way (before: 2 per task).

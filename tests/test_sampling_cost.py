@@ -5,6 +5,7 @@ import os
 import time
 
 import pytest
+from callcount import run_counted
 
 import hetflow
 
@@ -98,11 +99,6 @@ def noop2(comm):
 def _sampling_calls_per_task(tasks: int, **options) -> float:
     """The client's Python calls per task into the sampling code (executors/monitoring.py
     and _ranksample.py), every thread counted."""
-    import logging
-    import sys
-    import tempfile
-    import threading
-
     counted_calls = [0]
     counting = [False]
 
@@ -110,27 +106,15 @@ def _sampling_calls_per_task(tasks: int, **options) -> float:
         if counting[0] and event == "call" and frame.f_code.co_filename.endswith(_SAMPLING):
             counted_calls[0] += 1
 
-    run_dir = tempfile.mkdtemp(prefix="hetflow-test-samplecalls-")
-    logging.disable(logging.INFO)      # whatever level an earlier test left set
-    threading.setprofile(hook)         # every thread the runtime starts from here on
-    try:
-        with hetflow.runtime("pool", max_ranks=2, output="off", run_dir=run_dir,
-                             progress=False, **options):
-            for _ in range(10):        # warm: imports, communicators, caches
-                noop2().result(timeout=120)
-            sys.setprofile(hook)
-            counting[0] = True
-            for _ in range(tasks):
-                noop2().result(timeout=120)
-            counting[0] = False
-            sys.setprofile(None)
-    finally:
-        threading.setprofile(None)
-        sys.setprofile(None)
-        logging.disable(logging.NOTSET)
-        import shutil
+    def warm():
+        for _ in range(10):
+            noop2().result(timeout=120)
 
-        shutil.rmtree(run_dir, ignore_errors=True)
+    def run():
+        for _ in range(tasks):
+            noop2().result(timeout=120)
+
+    run_counted(hook, counting, warm, run, **options)
     return counted_calls[0] / tasks
 
 
