@@ -13,14 +13,16 @@ from hetflow.frame._table import DistributedTable
 def shuffle_local(comm, table: pa.Table, keys: Sequence[str], backend: str,
                   alone: bool = False) -> pa.Table:
     """Exchange rows so that every row lands on rank ``hash(keys) % size`` (collective).
-    ``alone``: the table is the operation's only one (a group-by, unique), so on the CPU its
-    keys are hashed by the compiled engine (:func:`hetflow.frame._hash.local_partition_of`),
-    not co-partitioned with other tables."""
+    ``alone``: the table is the operation's only one (a group-by, unique), so off the GPU
+    its keys are hashed by the compiled engine (:func:`hetflow.frame._hash.local_partition_of`),
+    not co-partitioned with other tables: the same partition whichever CPU backend was asked
+    for (an operation pycylon cannot run, run on the CPU, gives the CPU engine's floats to the
+    last digit: a group's var depends on what else its rank aggregates)."""
     size = comm.Get_size()
     if size == 1:
         return table
     xp = _backend.array_module(backend)
-    dest = (_hash.local_partition_of(table, keys, size) if alone and backend == "cpu" else
+    dest = (_hash.local_partition_of(table, keys, size) if alone and backend != "cupy" else
             _hash.partition_of(xp, table, keys, size))
     order, offsets = _exchange.split_by(dest, size)
     del dest
