@@ -123,7 +123,7 @@ def main(argv=None) -> int:
 
     from hetflow import resident
     from hetflow.executors._mpishm import forget_mpi_shm_names
-    from hetflow.executors._rank import kept_comms, release_comm, run_on_rank
+    from hetflow.executors._rank import bind_threads, kept_comms, release_comm, run_on_rank
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -190,9 +190,7 @@ def main(argv=None) -> int:
                     user = comm.Dup()
             if cache:
                 comms[ranks] = (generation, comm, user)
-        os.environ["OMP_NUM_THREADS"] = str(cores_per_rank)
-        # read by polars when first imported: a worker keeps its first task's pool size
-        os.environ.setdefault("POLARS_MAX_THREADS", str(cores_per_rank))
+        bind_threads(cores_per_rank)
         resident._enter_task(task_id, slots, slots[ranks.index(rank)], comm)
         try:
             outcome = run_on_rank(frames[2], comm, user_comm=user)
