@@ -1,4 +1,5 @@
-"""Rank side of resource sampling (standard library only: ranks start fast).
+"""Rank side of resource sampling (the standard library and the payload module, which every
+rank imports anyway: ranks start fast).
 
 While a rank runs its share of a task with sampling on (the payload's ``files`` carries an
 interval), a thread of the rank reads the rank process's own use and appends one JSON line
@@ -48,6 +49,8 @@ import os
 import struct
 import time
 
+from hetflow.executors.payload import host
+
 
 def sample_name(rank: int) -> str:
     return f"samples-{rank}.jsonl"
@@ -72,7 +75,7 @@ try:
     _MEMORY = os.sysconf("SC_PHYS_PAGES") * _PAGE
 except (AttributeError, ValueError, OSError):
     _MEMORY = 0
-_HOST = os.uname().nodename
+_HOST = host()      # the payload's: one uname a process
 
 #: This process's id, and its ``/proc/self/statm`` kept open (read again with ``pread``
 #: at offset 0, which the kernel answers afresh: 2.4 us a read, against 5.7 us to open,
