@@ -106,6 +106,34 @@ def test_a_no_op_task_with_output_off_touches_no_file():
     assert sum(calls.values()) / TASKS <= MAX_FS_CALLS_PER_TASK, calls
 
 
+def test_a_call_without_arguments_pickles_and_checks_them_once_per_app():
+    """``noop()`` pickles the same ``((), {resources})`` each time and is checked against the
+    same executors: once per app, not per task (before: its arguments pickled and
+    ``check_resources`` asked at the call, for each task). What is left per task: the
+    payload's pickling and the kernel's own ``check_resources`` at its submit."""
+    counts = collections.Counter()
+    counting = [False]
+    app = noop.options(ranks=2)
+
+    def hook(frame, event, arg):
+        if counting[0] and event == "call":
+            counts[(os.path.basename(frame.f_code.co_filename), frame.f_code.co_name)] += 1
+
+    def warm():
+        for _ in range(10):
+            app().result()
+
+    def run():
+        futures = [app() for _ in range(TASKS)]
+        return [f.result(timeout=120) for f in futures]
+
+    assert run_counted(hook, counting, warm, run) == [None] * TASKS
+    assert counts[("apps.py", "_pickled_arguments")] == 0, counts
+    assert counts[("_pickling.py", "dumps")] == TASKS, counts        # the payload's
+    checks = sum(c for (_, name), c in counts.items() if name == "check_resources")
+    assert checks == TASKS, counts                                    # the kernel's
+
+
 def test_a_rank_reads_its_host_name_once(monkeypatch):
     """A rank asks for its node's name twice per task (where to capture, and its outcome's
     host): one ``uname`` syscall per process, not two per task."""
