@@ -195,8 +195,7 @@ def section(run, rows, out_dir, stem):
     body = []
     for (n, ranks, slots), group in sorted(groups.items()):
         by = report_table.group(group, "executor")
-        cells = [f"{report_table.stat(by[(e,)], 'tasks_per_s')} (n={len(by[(e,)])})"
-                 if (e,) in by else "–" for e in execs]
+        cells = [_cell(by[(e,)]) if (e,) in by else "–" for e in execs]
         threads = by.get(("threads",))
         pool = by.get(("pool",))
         left = "–"
@@ -219,6 +218,12 @@ def section(run, rows, out_dir, stem):
               f"{big['rss_start_mib']:.0f} MiB at start, {big['rss_end_mib']:.0f} MiB at end; "
               f"load average (1 min) {big['load'][0]:.1f}.", ""]
     return lines, _plot(points, execs, out_dir, stem)
+
+
+def _cell(rows) -> str:
+    """``median [min–max]`` and n (``report_table.stat`` marks an n below 3 itself)."""
+    text = report_table.stat(rows, "tasks_per_s")
+    return text if "(n=" in text else f"{text} (n={len(rows)})"
 
 
 def _plot(points, execs, out_dir, stem) -> List[str]:
