@@ -7,14 +7,13 @@ installed or failed is listed, never dropped silently.
 """
 from __future__ import annotations
 
-import json
-import math
 import os
-import statistics
-from collections import defaultdict
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from hetflow.experiments import noise, owncpu
+from hetflow.experiments import noise, owncpu, report_pipeline
+from hetflow.experiments.report_plots import plot_overhead, plot_peers, plot_pilot, plot_scaling
+from hetflow.experiments.report_table import (executors_in, fmt, group, latest_runs, load_rows,
+                                              median, ranks_label, stat, table, values)
 
 ORDER = ("weak", "strong", "overhead", "pilot", "pilot_slurm", "peers", "analytics", "paper",
          "pipeline", "pipeline_slurm")
@@ -25,97 +24,6 @@ PAPER = {
     "pilot": "paper: the pilot ran the join+sort pair 4–15% faster than separate batch jobs",
     "pilot_slurm": "paper: the pilot ran the join+sort pair 4–15% faster than separate batch jobs",
 }
-
-
-# --------------------------------------------------------------------------- loading
-def load_rows(path: str) -> List[dict]:
-    """Every row of a results file (blank lines ignored)."""
-    rows = []
-    with open(path) as fh:
-        for n, line in enumerate(fh, 1):
-            line = line.strip()
-            if line:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{n}: not a JSON line ({exc})") from exc
-    return rows
-
-
-def latest_runs(rows: Sequence[dict]) -> Dict[str, List[dict]]:
-    """Experiment -> the rows of its latest run in the file (a file may hold several runs)."""
-    last: Dict[str, str] = {}
-    for r in rows:
-        if r.get("kind") == "run":
-            last[r["experiment"]] = r["run_id"]
-    out: Dict[str, List[dict]] = defaultdict(list)
-    for r in rows:
-        if last.get(r.get("experiment")) == r.get("run_id"):
-            out[r["experiment"]].append(r)
-    return dict(out)
-
-
-# --------------------------------------------------------------------------- numbers
-_values = noise.values   # a field's finite numbers over the rows
-
-
-def median(rows, field) -> Optional[float]:
-    vals = _values(rows, field)
-    return statistics.median(vals) if vals else None
-
-
-def fmt(v: Optional[float], digits: int = 3) -> str:
-    """Seconds (or any number) to 3 significant digits; '–' when there is none."""
-    if v is None:
-        return "–"
-    if v == 0:
-        return "0"
-    mag = abs(v)
-    if mag >= 100:
-        return f"{v:,.0f}"
-    return f"{v:.{max(0, digits - 1 - int(math.floor(math.log10(mag))))}f}"
-
-
-def stat(rows, field) -> str:
-    """``median [min–max]`` over the rows that have ``field``, marked (``noise.marks``)
-    when fewer than 3 or measured on a busy machine."""
-    vals = _values(rows, field)
-    if not vals:
-        return "–"
-    med = statistics.median(vals)
-    if len(vals) == 1:
-        return fmt(med) + noise.marks(list(rows), field)
-    return f"{fmt(med)} [{fmt(min(vals))}–{fmt(max(vals))}]" + noise.marks(list(rows), field)
-
-
-def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> List[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
-    return lines + [""]
-
-
-def _ranks_label(ranks: int, oversubscribed: bool) -> str:
-    return f"{ranks}†" if oversubscribed else str(ranks)
-
-
-def _group(rows, *keys) -> Dict[tuple, List[dict]]:
-    out: Dict[tuple, List[dict]] = defaultdict(list)
-    for r in rows:
-        out[tuple(r.get(k) for k in keys)].append(r)
-    return out
-
-
-def _executors_in(rows, run_row) -> List[str]:
-    """Executors in the config's order, then any others seen (peers, bare mpiexec)."""
-    seen = []
-    for e in (run_row.get("config", {}).get("executors") or []):
-        if e not in seen:
-            seen.append(e)
-    for r in rows:
-        e = r.get("executor")
-        if e and e not in seen:
-            seen.append(e)
-    return seen
 
 
 # --------------------------------------------------------------------------- sections
@@ -139,7 +47,7 @@ def _header(run: dict, rows: List[dict]) -> List[str]:
     for r in rows:
         if r.get("kind") == "skipped":
             out.append(f"- **{r['executor']}: skipped** — {r['reason']}")
-    errors = _group([r for r in rows if r.get("kind") == "error"], "executor", "stage")
+    errors = group([r for r in rows if r.get("kind") == "error"], "executor", "stage")
     for (executor, stage), errs in errors.items():
         out.append(f"- **{executor}: {len(errs)} error(s) at {stage}** — {errs[0]['error']}")
     if out[-1] != "":
@@ -154,29 +62,29 @@ def _sessions(rows) -> List[str]:
     # The slots the runtime ran with: an experiment's executor options may set them.
     body = [[r["executor"], (r.get("options") or {}).get("max_ranks", r.get("max_ranks", "")),
              fmt(r["startup_s"]), fmt(r["shutdown_s"])] for r in sessions]
-    return ["Runtime sessions (seconds):", ""] + _table(
+    return ["Runtime sessions (seconds):", ""] + table(
         ["Executor", "Rank slots", "Start-up (s)", "Shut-down (s)"], body)
 
 
 def _scaling(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     tasks = [r for r in rows if r.get("kind") == "task"]
     strong = run["experiment"] == "strong" or run.get("config", {}).get("kind") == "strong"
-    execs = _executors_in(tasks, run)
+    execs = executors_in(tasks, run)
     body = []
     for (executor, op, ranks, rows_n), grp in sorted(
-            _group(tasks, "executor", "op", "ranks", "rows").items(),
+            group(tasks, "executor", "op", "ranks", "rows").items(),
             key=lambda kv: (execs.index(kv[0][0]), kv[0][1], kv[0][3], kv[0][2])):
         base = [r for r in tasks if r["executor"] == executor and r["op"] == op
                 and r["ranks"] == 1 and (strong or r["rows_per_rank"] == grp[0]["rows_per_rank"])
                 and (not strong or r["rows"] == rows_n)]
         ratio_txt = ("1.00" if ranks == 1 else
                      noise.compare(base, grp, "op_mean_s", lambda m, b: f"{b / m:.2f}"))
-        body.append([executor, op, _ranks_label(ranks, grp[0].get("oversubscribed")),
+        body.append([executor, op, ranks_label(ranks, grp[0].get("oversubscribed")),
                      f"{grp[0]['rows_per_rank']:,}", f"{rows_n:,}", stat(grp, "op_mean_s"),
                      ratio_txt, stat(grp, "gen_s"), stat(grp, "total_s"),
                      fmt(median(grp, "peak_rss_mb")), len(grp)])
     ratio_name = "Speed-up vs 1 rank" if strong else "Efficiency vs 1 rank"
-    lines = _table(["Executor", "Op", "Ranks", "Rows/rank", "Rows total", "Op time (s)", ratio_name,
+    lines = table(["Executor", "Op", "Ranks", "Rows/rank", "Rows total", "Op time (s)", ratio_name,
                     "Data gen (s)", "Total (s)", "Peak RSS/rank (MiB)", "n"], body)
     lines += ["Op time: one iteration of the op (`barrier; t0; op; barrier; t1`), mean over ranks, "
               "mean over iterations; median [min–max] over repeats. Total: from submitting the task "
@@ -184,27 +92,27 @@ def _scaling(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
               + ("Speed-up: 1-rank op time / this op time (ideal = ranks). " if strong else
                  "Efficiency: 1-rank op time / this op time (ideal = 1.0; weak scaling). ")
               + "† more ranks than cores (oversubscribed): not a scaling point, a stress point.", ""]
-    pngs = _plot_scaling(tasks, execs, out_dir, stem, strong)
+    pngs = plot_scaling(tasks, execs, out_dir, stem, strong)
     return lines, pngs
 
 
 def _overhead(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     tasks = [r for r in rows if r.get("kind") == "task"]
-    execs = _executors_in(tasks, run)
+    execs = executors_in(tasks, run)
     baseline = run.get("config", {}).get("baseline", "mpirun")
     body = []
     for (executor, op, ranks, per_rank), grp in sorted(
-            _group(tasks, "executor", "op", "ranks", "rows_per_rank").items(),
+            group(tasks, "executor", "op", "ranks", "rows_per_rank").items(),
             key=lambda kv: (kv[0][1], kv[0][3], kv[0][2], execs.index(kv[0][0]))):
         base = [r for r in tasks if r["executor"] == baseline and r["op"] == op
                 and r["ranks"] == ranks and r["rows_per_rank"] == per_rank]
         ratio = noise.compare(base, grp, "overhead_s", lambda m, b: f"{m / b:.3f}")
-        body.append([op, f"{per_rank:,}", _ranks_label(ranks, grp[0].get("oversubscribed")),
+        body.append([op, f"{per_rank:,}", ranks_label(ranks, grp[0].get("oversubscribed")),
                      executor, stat(grp, "total_s"), stat(grp, "function_s"),
                      stat(grp, "setup_s"), stat(grp, "overhead_s"), stat(grp, "queue_s"),
                      stat(grp, "launch_s"),
                      stat(grp, "return_s"), ratio, len(grp)])
-    lines = _table(["Op", "Rows/rank", "Ranks", "Executor", "Total (s)", "Function (s)",
+    lines = table(["Op", "Rows/rank", "Ranks", "Executor", "Total (s)", "Function (s)",
                     "of which set-up (s)", "Overhead (s)", "Queue (s)", "Launch (s)", "Return (s)",
                     f"Overhead / {baseline}", "n"], body)
     lines += ["Total: submit → result on the client. Function: rank 0 inside the task function "
@@ -216,18 +124,18 @@ def _overhead(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
               f"`{baseline}` is hetflow's one-`mpiexec`-per-task executor; `mpiexec` is the bare "
               "launcher with no hetflow runtime at all (its Launch includes everything before "
               "the function). median [min–max] over tasks × repeats.", ""]
-    return lines, _plot_overhead(tasks, execs, out_dir, stem)
+    return lines, plot_overhead(tasks, execs, out_dir, stem)
 
 
 def _with_queue(spans, rows) -> List[dict]:
     """Makespan rows with ``queue_mean_s`` (the mean task queue wait of the scenario run),
     from their task rows where the results predate the field."""
-    tasks = _group([r for r in rows if r.get("kind") == "task" and "scenario" in r],
+    tasks = group([r for r in rows if r.get("kind") == "task" and "scenario" in r],
                    "executor", "scenario", "repeat")
     out = []
     for span in spans:
         if "queue_mean_s" not in span:
-            waits = _values(tasks.get((span["executor"], span["scenario"], span["repeat"]), []),
+            waits = values(tasks.get((span["executor"], span["scenario"], span["repeat"]), []),
                             "queue_s")
             if waits:
                 span = dict(span, queue_mean_s=sum(waits) / len(waits))
@@ -237,11 +145,11 @@ def _with_queue(spans, rows) -> List[dict]:
 
 def _pilot(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     spans = _with_queue([r for r in rows if r.get("kind") == "makespan"], rows)
-    execs = _executors_in(spans, run)
+    execs = executors_in(spans, run)
     baseline = run.get("config", {}).get("baseline", "mpirun")
     body = []
     for (scenario, executor), grp in sorted(
-            _group(spans, "scenario", "executor").items(),
+            group(spans, "scenario", "executor").items(),
             key=lambda kv: (kv[0][0] != "pair", execs.index(kv[0][1]))):
         base = [r for r in spans if r["scenario"] == scenario and r["executor"] == baseline]
         gain = noise.compare(base, grp, "makespan_s", lambda m, b: f"{100 * (b - m) / b:+.1f}%")
@@ -249,7 +157,7 @@ def _pilot(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
         body.append([scenario, grp[0]["tasks"], executor, stat(grp, "makespan_s"), gain,
                      stat(grp, "queue_mean_s"), stat(with_start, "total"),
                      stat(grp, "function_sum_s"), stat(grp, "launch_return_sum_s"), len(grp)])
-    lines = _table(["Scenario", "Tasks", "Executor", "Makespan (s)", f"Faster than {baseline}",
+    lines = table(["Scenario", "Tasks", "Executor", "Makespan (s)", f"Faster than {baseline}",
                     "Queue wait per task, mean (s)", "Makespan + start-up (s)", "Σ function (s)",
                     "Σ launch + return (s)", "n"], body)
     spec = {}
@@ -276,48 +184,48 @@ def _pilot(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
             lines.append(f"- {scenario}: " + ", ".join(f"{op}×{ranks} ranks×{rows:,} rows/rank"
                                                       for op, ranks, rows in tasks))
     lines.append("")
-    return lines, _plot_pilot(spans, execs, out_dir, stem)
+    return lines, plot_pilot(spans, execs, out_dir, stem)
 
 
 def _peers(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     tasks = [r for r in rows if r.get("kind") == "task"]
-    execs = _executors_in(tasks, run)
+    execs = executors_in(tasks, run)
     hetflow_execs = set(run.get("config", {}).get("executors") or [])
     body = []
-    for (rows_n, op), grp_all in sorted(_group(tasks, "rows", "op").items()):
-        groups = [g for g in _group(grp_all, "executor", "ranks").values()
+    for (rows_n, op), grp_all in sorted(group(tasks, "rows", "op").items()):
+        groups = [g for g in group(grp_all, "executor", "ranks").values()
                   if median(g, "op_mean_s") is not None]
         best = min(groups, key=lambda g: median(g, "op_mean_s"), default=[])
-        for (executor, ranks), grp in sorted(_group(grp_all, "executor", "ranks").items(),
+        for (executor, ranks), grp in sorted(group(grp_all, "executor", "ranks").items(),
                                              key=lambda kv: (execs.index(kv[0][0]), kv[0][1])):
             name = f"hetflow ({executor})" if executor in hetflow_execs else executor
             ratio = ("1.00" if grp is best else
                      noise.compare(best, grp, "op_mean_s", lambda m, b: f"{m / b:.2f}"))
             outs = sorted({r.get("rows_out") for r in grp})
-            body.append([f"{rows_n:,}", op, name, _ranks_label(ranks, grp[0].get("oversubscribed")),
+            body.append([f"{rows_n:,}", op, name, ranks_label(ranks, grp[0].get("oversubscribed")),
                          stat(grp, "op_mean_s"), ratio, fmt(median(grp, "peak_rss_mb")),
                          ", ".join(f"{o:,}" for o in outs if o is not None), len(grp)])
-    lines = _table(["Rows (each table)", "Op", "Engine", "Ranks / processes", "Op time (s)",
+    lines = table(["Rows (each table)", "Op", "Engine", "Ranks / processes", "Op time (s)",
                     "× fastest", "Peak RSS (MiB, per rank)", "Rows out", "n"], body)
     lines += ["Peers run alone in one process on the Parquet partitions the largest hetflow run "
               "generated (same rows, same keys); polars and duckdb use every core they see. Op "
               "time excludes loading. Rows out agree across engines when the data is the same "
               "(hetflow at fewer ranks draws different, equally distributed, data).", ""]
-    return lines, _plot_peers(tasks, execs, out_dir, stem, hetflow_execs)
+    return lines, plot_peers(tasks, execs, out_dir, stem, hetflow_execs)
 
 
 def _analytics(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     tasks = [r for r in rows if r.get("kind") == "task"]
     cfg = run.get("config", {})
     peers = [p for p in (cfg.get("peers") or []) if any(r["executor"] == p for r in tasks)]
-    hetflow_execs = [e for e in _executors_in(tasks, run) if e not in peers]
+    hetflow_execs = [e for e in executors_in(tasks, run) if e not in peers]
     queries = []
     for r in tasks:
         if r["op"] not in queries:
             queries.append(r["op"])
     lines = []
     for executor in hetflow_execs:
-        for (rows_n, ranks), grp in sorted(_group([r for r in tasks if r["executor"] == executor],
+        for (rows_n, ranks), grp in sorted(group([r for r in tasks if r["executor"] == executor],
                                                   "rows", "ranks").items()):
             body, ratios = [], []
             for q in queries:
@@ -346,7 +254,7 @@ def _analytics(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
                     + [f"{mine[0].get('rows_out', 0):,}", equal])
             lines += [f"{rows_n:,} rows, hetflow at {ranks} ranks through `{executor}` against "
                       f"{', '.join(peers)} on {ranks} threads each:", ""]
-            lines += _table(["Query", f"hetflow {ranks} ranks (s)"] + [f"{p} (s)" for p in peers]
+            lines += table(["Query", f"hetflow {ranks} ranks (s)"] + [f"{p} (s)" for p in peers]
                             + ["hetflow / faster peer", "hetflow peak RSS per rank (MiB)",
                                "partition per rank (MiB)", "peak / partition",
                                "hetflow peak above its resident set before (MiB)"]
@@ -381,11 +289,11 @@ RADICAL_CYLON_SOURCE = "https://linnk.ai (a summary of arXiv 2403.15721)"
 
 def _paper(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     tasks = [r for r in rows if r.get("kind") == "task"]
-    execs = _executors_in(tasks, run)
+    execs = executors_in(tasks, run)
     body = []
     baseline = run.get("config", {}).get("baseline", "mpirun")
     for mode in ("weak", "strong"):
-        cases = _group([r for r in tasks if mode in (r.get("modes") or [])],
+        cases = group([r for r in tasks if mode in (r.get("modes") or [])],
                        "executor", "op", "ranks", "rows_per_rank")
         for (executor, op, ranks, per_rank), grp in sorted(
                 cases.items(), key=lambda kv: (execs.index(kv[0][0]), kv[0][1], kv[0][2])):
@@ -404,7 +312,7 @@ def _paper(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
                           if quoted else "–"), fmt(peak),
                          fmt(partition_mb), f"{peak / partition_mb:.2f}" if peak else "–",
                          stat(grp, "total_s"), len(grp)])
-    lines = _table(["Mode", "Executor", "Op", "Ranks", "Rows/rank", "Rows total", "Op time (s)",
+    lines = table(["Mode", "Executor", "Op", "Ranks", "Rows/rank", "Rows total", "Op time (s)",
                     f"vs {baseline}", "M rows/s/rank", "Paper, Summit bare metal (M rows/s/rank)",
                     "Radical-Cylon on Summit, quoted (M rows/s/rank)", "Peak RSS/rank (MiB)",
                     "Partition/rank (MiB)", "Peak / partition", "Task total (s)", "n"], body)
@@ -437,157 +345,8 @@ def _paper(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
 
 
 
-def _pipeline(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
-    from hetflow.experiments import report_pipeline   # imports this module's helpers
-
-    return report_pipeline.section(run, rows, out_dir, stem)
-
-
 SECTIONS = {"weak": _scaling, "strong": _scaling, "overhead": _overhead, "pilot": _pilot,
-            "peers": _peers, "analytics": _analytics, "paper": _paper, "pipeline": _pipeline}
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _spread(rows, field) -> Tuple[float, float, float]:
-    vals = _values(rows, field)
-    med = statistics.median(vals)
-    return med, med - min(vals), max(vals) - med
-
-
-def _plot_scaling(tasks, execs, out_dir, stem, strong) -> List[str]:
-    if out_dir is None or not tasks:
-        return []
-    plt = _plt()
-    ops = sorted({r["op"] for r in tasks})
-    fig, axes = plt.subplots(2, len(ops), figsize=(5 * len(ops), 7), squeeze=False)
-    for col, op in enumerate(ops):
-        for row, (field, label) in enumerate((("op_mean_s", "op time per iteration (s)"),
-                                              ("total_s", "task total (s)"))):
-            ax = axes[row][col]
-            for executor in execs:
-                pts = _group([r for r in tasks if r["executor"] == executor and r["op"] == op
-                              and _values([r], field)], "ranks")
-                if not pts:
-                    continue
-                xs = sorted(pts)
-                stats = [_spread(pts[x], field) for x in xs]
-                ax.errorbar([x[0] for x in xs], [s[0] for s in stats],
-                            yerr=[[s[1] for s in stats], [s[2] for s in stats]], marker="o",
-                            capsize=3, label=executor)
-            over = sorted({r["ranks"] for r in tasks if r.get("oversubscribed")})
-            for x in over:
-                ax.axvspan(x - 0.3, x + 0.3, color="0.9", zorder=0)
-            ax.set_xscale("log", base=2)
-            ticks = sorted({r["ranks"] for r in tasks})
-            ax.set_xticks(ticks, [str(t) for t in ticks])
-            ax.minorticks_off()
-            ax.set_xlabel("ranks" + (" (shaded: oversubscribed)" if over else ""))
-            ax.set_ylabel(label)
-            ax.set_title(f"{'strong' if strong else 'weak'} scaling: {op}")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    return [_save(fig, plt, out_dir, f"{stem}.png")]
-
-
-def _plot_overhead(tasks, execs, out_dir, stem) -> List[str]:
-    if out_dir is None or not tasks:
-        return []
-    sizes = sorted({(r["op"], r["rows_per_rank"], r["ranks"]) for r in tasks})
-
-    def draw(ax, key):
-        op, per_rank, ranks = key
-        names, setup, work, ov = [], [], [], []
-        for executor in execs:
-            grp = [r for r in tasks if r["executor"] == executor and r["op"] == op
-                   and r["rows_per_rank"] == per_rank and r["ranks"] == ranks]
-            if grp and _values(grp, "function_s") and _values(grp, "overhead_s"):
-                names.append(executor)
-                fn = median(grp, "function_s")
-                setup.append(min(fn, median(grp, "setup_s") or 0.0))
-                work.append(fn - setup[-1])
-                ov.append(median(grp, "overhead_s"))
-        ax.bar(names, work, label="function: data + op")
-        ax.bar(names, setup, bottom=work, label="function: engine set-up")
-        ax.bar(names, ov, bottom=[a + b for a, b in zip(work, setup)], label="runtime overhead")
-        ax.set_title(f"{op}, {ranks} ranks × {per_rank:,} rows")
-        ax.set_ylabel("seconds (median)")
-        ax.tick_params(axis="x", rotation=30)
-        ax.legend(fontsize=8)
-    return _panels(sizes, 4.5, draw, out_dir, stem)
-
-
-def _plot_pilot(spans, execs, out_dir, stem) -> List[str]:
-    if out_dir is None or not spans:
-        return []
-    scenarios = [s for s in ("pair", "campaign") if any(r["scenario"] == s for r in spans)]
-
-    def draw(ax, scenario):
-        names, meds, lo, hi, start, queue = [], [], [], [], [], []
-        for executor in execs:
-            grp = [r for r in spans if r["scenario"] == scenario and r["executor"] == executor]
-            if grp:
-                m, a, b = _spread(grp, "makespan_s")
-                names.append(executor)
-                meds.append(m), lo.append(a), hi.append(b)
-                start.append(median(grp, "startup_s") or 0.0)
-                queue.append(min(m, median(grp, "queue_mean_s") or 0.0))
-        ax.bar(names, meds, yerr=[lo, hi], capsize=3, label="makespan")
-        if any(queue):      # (results from before the queue wait was recorded have none)
-            ax.bar(names, queue, fill=False, hatch="//", edgecolor="0.2",
-                   label="of which: queue wait per task (mean)")
-        ax.bar(names, start, bottom=meds, alpha=0.35, label="runtime start-up (once)")
-        ax.set_title(f"pilot vs batch: {scenario}")
-        ax.set_ylabel("seconds (median, min–max)")
-        ax.legend(fontsize=8)
-    return _panels(scenarios, 5, draw, out_dir, stem)
-
-
-def _plot_peers(tasks, execs, out_dir, stem, hetflow_execs) -> List[str]:
-    if out_dir is None or not tasks:
-        return []
-    keys = sorted({(r["op"], r["rows"]) for r in tasks})
-
-    def draw(ax, key):
-        op, rows_n = key
-        names, meds = [], []
-        for (executor, ranks), grp in sorted(
-                _group([r for r in tasks if r["op"] == op and r["rows"] == rows_n],
-                       "executor", "ranks").items(),
-                key=lambda kv: (execs.index(kv[0][0]), kv[0][1])):
-            if _values(grp, "op_mean_s"):
-                names.append(f"{executor}\n{ranks} rank(s)" if executor in hetflow_execs else executor)
-                meds.append(median(grp, "op_mean_s"))
-        ax.bar(names, meds, color=["C0" if "rank" in n else "C1" for n in names])
-        ax.set_title(f"{op}, {rows_n:,} rows per table")
-        ax.set_ylabel("op time (s, median)")
-        ax.tick_params(axis="x", labelsize=8)
-    return _panels(keys, 4.5, draw, out_dir, stem)
-
-
-def _panels(keys, width: float, draw, out_dir, stem) -> List[str]:
-    """One row of ``width``-inch panels, ``draw(ax, key)`` filling each; the PNG's name."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(keys), figsize=(width * len(keys), 4), squeeze=False)
-    for ax, key in zip(axes[0], keys):
-        draw(ax, key)
-    fig.tight_layout()
-    return [_save(fig, plt, out_dir, f"{stem}.png")]
-
-
-def _save(fig, plt, out_dir, name) -> str:
-    path = os.path.join(out_dir, name)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return name
+            "peers": _peers, "analytics": _analytics, "paper": _paper, "pipeline": report_pipeline.section}
 
 
 # --------------------------------------------------------------------------- entry

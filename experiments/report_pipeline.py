@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-from hetflow.experiments.report import _executors_in, _group, _plt, _save, _table, fmt, median, stat
+from hetflow.experiments.report_plots import plt_module, save
+from hetflow.experiments.report_table import executors_in, fmt, group, median, stat, table
 
 #: Below these (the table, and the faster of two timed paths), two paths' times differ by
 #: less than this machine's noise between repeats: no speed-up is quoted.
@@ -69,7 +70,7 @@ def wall_clock(rows: List[dict], runs: List[dict], execs: List[str]) -> List[str
         if total is not None else ""
     lines = [head + rest + "; per runtime, every second of it (the command adds Python's "
              "start-up and the report):", ""]
-    lines += _table(["Executor", "Start-up (s)", "Warm-up (s)", "Runs", "Runs' tasks (s)",
+    lines += table(["Executor", "Start-up (s)", "Warm-up (s)", "Runs", "Runs' tasks (s)",
                      "Shut-down (s)", "Total (s)"], body)
     lines += ["Start-up: the runtime's (an MPI world, a pilot; none to speak of for `mpirun`). "
               "Warm-up: on a runtime whose ranks outlive a task, one tiny run first, so torch's "
@@ -90,8 +91,8 @@ def section(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     """The pipeline section's lines and plots."""
     cfg = run.get("config", {})
     runs = [_flat(r) for r in rows if r.get("kind") == "pipeline"]
-    execs = _executors_in(runs, run)
-    groups = sorted(_group(runs, "executor", "mode", "ranks", "train_ranks").items(),
+    execs = executors_in(runs, run)
+    groups = sorted(group(runs, "executor", "mode", "ranks", "train_ranks").items(),
                     key=lambda kv: (execs.index(kv[0][0]), kv[0][1], kv[0][2]))
     lines = [protocol(cfg), ""] + wall_clock(rows, runs, execs)
     present = {r["executor"] for r in runs if r.get("mode") == "table"}
@@ -108,7 +109,7 @@ def section(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
                      _rows_text(grp), fmt(median(grp, "final_loss")), fmt(median(grp, "eval_r2")),
                      len(grp)])
     lines += ["Each run's tasks (seconds; median [min–max] over repeats):", ""]
-    lines += _table(["Executor", "Hand-off", "Ranks", "Tasks (s)", f"× {batch or 'batch'}",
+    lines += table(["Executor", "Hand-off", "Ranks", "Tasks (s)", f"× {batch or 'batch'}",
                      "Features (s)", "Hand-off (s)", "Train (s)", "Evaluate (s)",
                      "Feature rows produced / received", "Final loss", "R²", "n"], body)
     events = [(r.get("rows_per_rank"), r.get("ranks")) for r in runs if r.get("rows_per_rank")]
@@ -162,7 +163,7 @@ def _tensors(groups) -> List[str]:
              "`torch.from_numpy`, a pandas frame and two arrays on the way; **hetflow batches**: "
              "`hetflow.torch.batches` (one pass over its batches: one copy stacking the feature "
              "columns, the label by DLPack).", ""]
-    lines += _table(["Executor", "Hand-off", "Table (MB, all ranks)", "Deep RC path (s)",
+    lines += table(["Executor", "Hand-off", "Table (MB, all ranks)", "Deep RC path (s)",
                      "hetflow batches (s)", "Speed-up", "Deep RC copied (MB)",
                      "hetflow copied (MB)", "n"], body)
     if small:
@@ -181,9 +182,9 @@ def _tensors(groups) -> List[str]:
 def _plot(runs, execs, out_dir, stem) -> List[str]:
     if out_dir is None or not runs:
         return []
-    plt = _plt()
+    plt = plt_module()
     fig, (curve, bars) = plt.subplots(1, 2, figsize=(10, 4))
-    order = sorted(_group(runs, "executor", "mode").items(),
+    order = sorted(group(runs, "executor", "mode").items(),
                    key=lambda kv: (execs.index(kv[0][0]), kv[0][1]))
     for (executor, mode), grp in order:
         first = min(grp, key=lambda r: r.get("repeat", 0))
@@ -213,4 +214,4 @@ def _plot(runs, execs, out_dir, stem) -> List[str]:
     bars.legend(fontsize=8)
     bars.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
-    return [_save(fig, plt, out_dir, f"{stem}.png")]
+    return [save(fig, plt, out_dir, f"{stem}.png")]

@@ -32,7 +32,7 @@ import time
 from typing import List
 
 import hetflow
-from hetflow.experiments import report, runner
+from hetflow.experiments import report, report_plots, report_table, runner
 
 #: Runtimes that run no MPI (Parsl's own executors): measured at 1 rank only.
 NON_MPI = ("threads", "htex")
@@ -190,26 +190,26 @@ def section(run, rows, out_dir, stem):
     points = [r for r in rows if r.get("kind") == "throughput"]
     if not points:
         return [], []
-    execs = report._executors_in(points, run)
-    groups = report._group(points, "queued", "ranks", "slots")
+    execs = report_table.executors_in(points, run)
+    groups = report_table.group(points, "queued", "ranks", "slots")
     body = []
     for (n, ranks, slots), group in sorted(groups.items()):
-        by = report._group(group, "executor")
-        cells = [f"{report.stat(by[(e,)], 'tasks_per_s')} (n={len(by[(e,)])})"
+        by = report_table.group(group, "executor")
+        cells = [f"{report_table.stat(by[(e,)], 'tasks_per_s')} (n={len(by[(e,)])})"
                  if (e,) in by else "–" for e in execs]
         threads = by.get(("threads",))
         pool = by.get(("pool",))
         left = "–"
         if threads and pool:   # per task: the pool's time minus Parsl's own (threads)
-            left = report.fmt(1e3 * (1 / report.median(pool, "tasks_per_s")
-                                     - 1 / report.median(threads, "tasks_per_s")))
+            left = report_table.fmt(1e3 * (1 / report_table.median(pool, "tasks_per_s")
+                                     - 1 / report_table.median(threads, "tasks_per_s")))
         body.append([f"{n:,}", str(ranks), str(slots), *cells, left])
     lines = ["Tasks/s, N no-op tasks submitted at once (median [min–max] over repeats, n); "
              "`threads`/`htex` are Parsl's own executors running a no-op `python_app` "
              "(no MPI; `threads` ran beside the pool in each case, `htex` in the 1-rank "
              "ones). Last column: ms per task the pool spends beyond "
              "Parsl's own (1/pool − 1/threads).", ""]
-    lines += report._table(["tasks", "ranks", "slots", *execs, "pool − Parsl ms/task"], body)
+    lines += report_table.table(["tasks", "ranks", "slots", *execs, "pool − Parsl ms/task"], body)
     lost = sum(r.get("lost", 0) for r in points)
     big = max(points, key=lambda r: (r["queued"], r["executor"] == "pool"))
     failed = sorted({e for r in points for e in r.get("errors", [])})
@@ -231,7 +231,7 @@ def _plot(points, execs, out_dir, stem) -> List[str]:
         for executor in execs:
             mine = [r for r in points if r["executor"] == executor
                     and (r["slots"], r["ranks"]) == (slots, ranks)]
-            by_n = report._group(mine, "queued")
+            by_n = report_table.group(mine, "queued")
             xs = sorted(n for (n,) in by_n)
             if xs:
                 ax.plot(xs, [statistics.median(r["tasks_per_s"] for r in by_n[(n,)])
@@ -243,7 +243,7 @@ def _plot(points, execs, out_dir, stem) -> List[str]:
         ax.set_title(f"{ranks}-rank tasks, {slots} slots")
         ax.legend(fontsize=7)
 
-    return report._panels(panels, 4.5, draw, out_dir, stem)
+    return report_plots.panels(panels, 4.5, draw, out_dir, stem)
 
 
 for _kind in ("throughput", "soak"):

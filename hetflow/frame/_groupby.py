@@ -12,7 +12,7 @@ One rank aggregates its rows in one step either way.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +23,7 @@ from hetflow.frame._agreement import step
 from hetflow.frame._mpi import MPI, wait_all
 from hetflow.frame._phases import phase
 from hetflow.frame._prepare import prepare, require_table
-from hetflow.frame._shuffle import shuffle_local
+from hetflow.frame._shuffle import shuffle_rounds
 from hetflow.frame._table import DistributedTable
 
 
@@ -65,8 +65,8 @@ class GroupBy:
                                        result_schema(t.local.schema, self.by, planned))
             return _legacy(prep.result(out, backend="pycylon"), planned, legacy_names)
         out = aggregate(t.comm, t.local, self.by, planned,
-                        lambda table, keys: shuffle_local(t.comm, table, keys, prep.backend,
-                                                          alone=True))
+                        lambda table, keys, rounds=1: shuffle_rounds(
+                            t.comm, table, keys, prep.backend, rounds, alone=True))
         return _legacy(prep.result(out), planned, legacy_names)
 
 
@@ -86,15 +86,18 @@ def _legacy(out: DistributedTable, planned: Sequence[Planned], legacy: bool) -> 
 
 
 def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
-              shuffle: Callable[[pa.Table, List[str]], pa.Table]) -> pa.Table:
+              shuffle: Callable[..., Iterable[pa.Table]]) -> pa.Table:
     """This rank's part of the group-by (collective when ``comm`` has several ranks):
-    ``shuffle(table, keys)`` moves rows so that equal keys meet on one rank."""
+    ``shuffle(table, keys, rounds)`` moves rows so that equal keys meet on one rank, in
+    ``rounds`` exchanges (each a table of the rows of some keys, all of them)."""
     values = [c for c in dict.fromkeys(p.column for p in planned) if c not in by]
     source = table.select(list(by) + values)
-    rows_moved = _aggregate.holistic(planned) or _few_repeats(comm, source, by)
-    if rows_moved and comm.Get_size() > 1:
-        source = shuffle(source, list(by))          # the values of each group meet here
-    if rows_moved or comm.Get_size() == 1:
+    holistic = _aggregate.holistic(planned)
+    if not holistic and _few_repeats(comm, source, by):
+        return _by_rounds(comm, source, by, planned, shuffle)
+    if holistic and comm.Get_size() > 1:
+        (source,) = shuffle(source, list(by), 1)    # the values of each group meet here
+    if holistic or comm.Get_size() == 1:
         with step(comm, "groupby: aggregating the groups"), phase("local"):
             out = _aggregate.whole(source, by, planned)
         return out
@@ -105,11 +108,37 @@ def aggregate(comm, table: pa.Table, by: List[str], planned: Sequence[Planned],
         schema = _aggregate.partials(source.slice(0, 0), by, planned, names).schema
         partial = _aggregate.partials(source, by, planned, names).cast(schema)
     del source
-    merged = shuffle(partial, list(by))             # one row per group and source rank
+    (merged,) = shuffle(partial, list(by), 1)       # one row per group and source rank
     del partial
     with step(comm, "groupby: merging and finishing the groups"), phase("local"):
         out = _merged(merged, by, planned, names)
     return out
+
+
+#: Exchanges of a group-by of about one group a row (see :func:`_by_rounds`).
+ROUNDS = 8
+
+
+def _by_rounds(comm, source: pa.Table, by: List[str], planned: Sequence[Planned],
+               shuffle) -> pa.Table:
+    """A group-by of about one group a row: the rows move in :data:`ROUNDS` exchanges, each
+    aggregated (all of its groups' rows are in it) before the next. The kernel's scratch grows
+    with its groups (polars' group index and hash table, 2-3x the rows it reads), so a rank
+    holds one round's rows and scratch at a time, not the whole shuffled partition's, and
+    the results' chunks are joined into one column each at the end. Each group's rows reach
+    the kernel in the order one exchange would give them: its results are the same."""
+    schema = _aggregate.whole(source.slice(0, 0), by, planned).schema
+    outs = []
+    for part in shuffle(source, list(by), ROUNDS):
+        # each round agreed (an error fails every rank before the next exchange)
+        with step(comm, "groupby: aggregating the groups"), phase("local"):
+            outs.append(_aggregate.whole(part, by, planned).cast(schema))
+        del part
+    del source
+    with phase("local"):
+        out = pa.concat_tables(outs)
+        del outs
+        return out.combine_chunks()
 
 
 #: Rows of a rank's sample for :func:`_few_repeats`; a rank with fewer than SAMPLE_ROWS * 4
