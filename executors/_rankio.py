@@ -17,6 +17,11 @@ file                       what
 ``returned-<r>``           created when the rank's function returned (or raised)
 =========================  ==========================================================
 
+A persistent rank (the pool's) writes neither of the last two per task: it registers one
+stack file for its life at its start (:func:`keep_stacks`: ``stack-w<world>-<r>-<pid>.txt``
+in the client's node root, :func:`process_stack_name`) and its runtime learns which ranks
+returned from their outcomes; a task that captures no output then needs no files dir at all.
+
 Nothing here is unpickled by anyone: the client reads text and file names.
 """
 from __future__ import annotations
@@ -40,6 +45,33 @@ def returned_name(rank: int) -> str:
 
 def stack_name(rank: int, pid: int) -> str:
     return f"stack-{rank}-{pid}.txt"
+
+
+def process_stack_name(world: int, rank: int, pid: int) -> str:
+    """A persistent rank's stack file, for its life (:func:`keep_stacks`)."""
+    return f"stack-w{world}-{rank}-{pid}.txt"
+
+
+#: The stack file this process registered for its life (:func:`keep_stacks`), if any.
+_kept_stacks = None
+
+
+def keep_stacks(path: str) -> bool:
+    """Have faulthandler write every thread's stack to ``path`` (owner-only) on
+    ``SIGUSR1`` for the rest of this process's life; its tasks' :class:`Capture` then
+    leaves the signal, and the returned marks, alone. False if it cannot."""
+    global _kept_stacks
+    try:
+        fd = _private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    except OSError:
+        return False
+    try:
+        faulthandler.register(STACK_SIGNAL, file=fd, all_threads=True, chain=False)
+    except (ValueError, RuntimeError, OSError):
+        os.close(fd)
+        return False
+    _kept_stacks = fd
+    return True
 
 
 def _private(path: str, flags: int) -> int:
@@ -66,6 +98,10 @@ class Capture:
         self._swapped: list = []
 
     def __enter__(self) -> "Capture":
+        if _kept_stacks is not None:     # the process's own stack file answers the signal
+            if self.output:
+                self._redirect()
+            return self
         try:
             if signal.getsignal(STACK_SIGNAL) in (signal.SIG_DFL, None):
                 signal.signal(STACK_SIGNAL, _ignore)   # what unregister() restores
@@ -132,6 +168,8 @@ class Capture:
             except (ValueError, RuntimeError):
                 pass
             self._close_stack()
+        if _kept_stacks is not None:     # its runtime learns of the return from the outcome
+            return
         try:
             os.close(_private(os.path.join(self.directory, returned_name(self.rank)),
                               os.O_WRONLY | os.O_CREAT))

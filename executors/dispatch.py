@@ -48,6 +48,8 @@ class Task:
     handle: Any = None
     #: Its files dir as the client follows it (rank output, returned ranks, stacks).
     files: Optional[TaskFiles] = None
+    #: Whether its ranks write in its files dir (made when it starts); see ``own_stacks``.
+    files_dir: bool = True
     #: Its ranks' resource samples, when sampling is on (:mod:`hetflow.executors.monitoring`).
     samples: Any = None
 

@@ -25,6 +25,8 @@ stops work, through these hooks:
 ``_admit(task, args, kwargs)``  optional. Runtime-specific checks at submit time.
 ``_head_blocked(task)``     optional. The queue's first task could not start on the
                             slots there are (a runtime that can reshape them may act).
+``_stack_files(task)``      optional (``own_stacks`` runtimes). ``{task rank: (pid, stack
+                            file)}`` of the running task's ranks on this node.
 ``_make_scheduler(max_bypass)``, ``_slots_needed(resources)``, ``_gpus_needed(resources)``
                             optional. The runtime's own placement (a
                             :class:`SlotScheduler`), slot and device counts.
@@ -115,6 +117,10 @@ class Executor(ParslExecutor):
     #: launcher), not the dispatch thread: one thread hand-off less per task, for a runtime
     #: whose ``_start`` only posts (the pool's broker).
     dispatch_on_submit: bool = False
+    #: True: the runtime's ranks keep a stack file each for life (``_rankio.keep_stacks``,
+    #: named by :meth:`_stack_files`) and it records when each rank returned itself: a task
+    #: capturing no output and taking no samples gets no files dir (no file made per task).
+    own_stacks: bool = False
     #: Where the ranks' output goes: ``"console"`` (the client's stdout, each line prefixed
     #: ``[task N rank R]``), ``"files"`` (``<runtime dir>/output/task-NNNNNN.log``), a text
     #: stream, or ``"off"`` (not captured). ``hetflow.runtime(output=...)`` sets it.
@@ -176,6 +182,9 @@ class Executor(ParslExecutor):
     def _head_blocked(self, task: Task) -> None:
         pass
 
+    def _stack_files(self, task: Task) -> Optional[dict]:
+        return None
+
     def _make_scheduler(self, max_bypass: int) -> SlotScheduler:
         return SlotScheduler(self.max_ranks, max_bypass=max_bypass, devices=self.gpu_ids)
 
@@ -219,13 +228,16 @@ class Executor(ParslExecutor):
         if prepared_args is not args or prepared_kwargs is not kwargs:
             args, kwargs, arguments = prepared_args, prepared_kwargs, None
         directories = self._follower.directories(task_id)
-        files = RankFiles(*directories, self.output != "off", *self._client, sample_s)
+        files = None      # no files dir: nothing to capture, sample, or ask stacks of there
+        if not self.own_stacks or self.output != "off" or sample_s is not None:
+            files = RankFiles(*directories, self.output != "off", *self._client, sample_s)
         payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
                               resources=resources,
                               tables=os.path.join(self.run_root, tables.TABLES_DIR),
                               files=files, arguments=arguments).dumps()
         task = Task(task_id, resources, payload, future,
                     TaskTimes(executor=self.label, ranks=resources.ranks, submitted=time.time()))
+        task.files_dir = files is not None
         future.hetflow_task = task
         if sample_s is not None:
             task.samples = self._monitor.watch(task, directories, sample_s, parsl_ids)
@@ -414,7 +426,7 @@ class Executor(ParslExecutor):
         those still running, taken just before they are stopped."""
         if error is not None and task.error is None:
             if task.files is not None and not task.done:
-                stacks.explain(task.files, error)
+                stacks.explain(task.files, error, self._stack_files(task))
             task.error = error
         if not task.done:
             self._stop(task, error)
@@ -427,7 +439,7 @@ class Executor(ParslExecutor):
         if self.progress is not None:
             self.progress.started(task.id)
         try:
-            self._follower.follow(task)
+            self._follower.follow(task, make=task.files_dir)
             self._start(task)
         except BaseException as exc:  # noqa: BLE001 - the future must learn of it
             self.finish(task, error=exc)

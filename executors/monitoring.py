@@ -80,6 +80,8 @@ class TaskSamples:
         self._mutex = threading.Lock()
         #: rank -> the samples that came with its outcome, as they came (None: made dicts).
         self._carried: dict = {}
+        #: Every rank's samples came with its outcome: no rank left a file to read.
+        self.all_carried = False
         self._pending: List[dict] = []
 
     def carry(self, outcomes: dict) -> None:
@@ -92,6 +94,7 @@ class TaskSamples:
                 if compact is not None and rank not in self._carried and \
                         0 <= rank < self.ranks:
                     self._carried[rank] = compact
+            self.all_carried = len(self._carried) >= self.ranks
 
     def _expand(self) -> None:
         for rank, compact in self._carried.items():
@@ -230,7 +233,7 @@ class Monitor:
         # forwards them to Parsl, the samples that came with the outcomes stay as they came.
         if samples.parsl_ids is None or getattr(self._executor, "monitoring_messages",
                                                 None) is None:
-            if len(samples._carried) < samples.ranks:
+            if not samples.all_carried:
                 samples.read_files()
             return
         self._forward(samples, samples.read())

@@ -69,7 +69,7 @@ class TaskFiles:
     """One task's files dirs as the client follows them."""
 
     def __init__(self, task, label: str, directories, output, run_root: str,
-                 write_lock: threading.Lock, paused=None):
+                 write_lock: threading.Lock, paused=None, made: bool = True):
         #: Where ranks on the client's node write (first), and ranks elsewhere.
         self.task, self.label, self.directories = task, label, tuple(directories)
         self.ranks = task.resources.ranks
@@ -88,6 +88,7 @@ class TaskFiles:
         self.returned: Dict[int, float] = task.times.returned
         self.warned = False
         self.closed = False
+        self.made = made       # False: its ranks write no files (nothing to read or remove)
 
     # ------------------------------------------------------------------ output
     def poll(self, final: bool = False) -> None:
@@ -159,7 +160,7 @@ class TaskFiles:
         with self._mutex:
             if self.closed:
                 return
-            if self.grown():
+            if self.made and self.grown():
                 self.poll()
                 self._scan_returned()
             self._warn(hang_warning_s)
@@ -258,7 +259,7 @@ class TaskFiles:
             if self._log is not None:
                 self._log.close()
                 self._log = None
-            if not success:
+            if not success or not self.made:
                 return
             for directory in self.directories:
                 try:
@@ -329,16 +330,19 @@ class Follower:
         name = f"task-{task_id:06d}"
         return os.path.join(self.node_root, name), os.path.join(self.run_root, name)
 
-    def follow(self, task) -> None:
-        """Make the task's node-local files dir (owner-only) and follow it while it runs."""
+    def follow(self, task, make: bool = True) -> None:
+        """Make the task's node-local files dir (owner-only; ``make=False``: its ranks write
+        none) and follow it while it runs (the hang watch)."""
         if task.files is None:
             directories = self.directories(task.id)
-            try:   # in the owner-only node root: mkdir's mode can only narrow under a umask
-                os.mkdir(directories[0], 0o700)
-            except OSError:      # there already, or its parents are not: tightened or made
-                private_dir(directories[0])
+            if make:
+                try:   # in the owner-only node root: mkdir's mode can only narrow under a umask
+                    os.mkdir(directories[0], 0o700)
+                except OSError:  # there already, or its parents are not: tightened or made
+                    private_dir(directories[0])
             task.files = TaskFiles(task, self.label, directories, self.output, self.run_root,
-                                   self.write_lock, getattr(self._progress(), "paused", None))
+                                   self.write_lock, getattr(self._progress(), "paused", None),
+                                   made=make)
         self.add(task.files)
 
     def add(self, files: TaskFiles) -> None:

@@ -23,12 +23,13 @@ STACK_WAIT_S = 1.0
 _FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in ')
 
 
-def explain(files, error: BaseException) -> None:
+def explain(files, error: BaseException, known=None) -> None:
     """Put on ``error`` which ranks of the task followed by ``files`` (a
-    :class:`~hetflow.executors.rankio.TaskFiles`) had returned, and the stacks of the others."""
+    :class:`~hetflow.executors.rankio.TaskFiles`) had returned, and the stacks of the others
+    (``known``: ``{rank: (pid, stack file)}`` of ranks that keep one for their life)."""
     files.check_returned(float("inf"))
     running = files.running()
-    found = stacks(files.directories, running) if running else {}
+    found = stacks(files.directories, running, known=known) if running else {}
     state = files.hang_text(named=False) if files.returned else ""
     silent = [r for r in running if r not in found]
     if silent:
@@ -37,22 +38,26 @@ def explain(files, error: BaseException) -> None:
     errors.with_stacks(error, state, found)
 
 
-def stacks(directories, ranks, wait_s: float = STACK_WAIT_S) -> Dict[int, str]:
+def stacks(directories, ranks, wait_s: float = STACK_WAIT_S, known=None) -> Dict[int, str]:
     """Ask ranks ``ranks`` of the task whose files dirs are ``directories`` for their Python
-    stacks; ``{rank: text}`` for those that answered within ``wait_s``."""
+    stacks (``known``: ``{rank: (pid, path)}``, stack files kept by the ranks, besides
+    those in the dirs); ``{rank: text}`` for those that answered within ``wait_s``."""
     asked = {}
-    names = []
+    candidates = []
+    if known is not None:
+        candidates = [(rank, pid, path) for rank, (pid, path) in known.items()]
     for directory in directories:
         try:
-            names += [(directory, name) for name in os.listdir(directory)]
+            names = os.listdir(directory)
         except OSError:
             continue
-    for directory, name in names:
-        match = re.fullmatch(r"stack-(\d+)-(\d+)\.txt", name)
-        if not match or int(match.group(1)) not in ranks:
-            continue
-        rank, pid, path = int(match.group(1)), int(match.group(2)), os.path.join(directory, name)
-        if not _holds(pid, path):
+        for name in names:
+            match = re.fullmatch(r"stack-(\d+)-(\d+)\.txt", name)
+            if match:
+                candidates.append((int(match.group(1)), int(match.group(2)),
+                                   os.path.join(directory, name)))
+    for rank, pid, path in candidates:
+        if rank not in ranks or not _holds(pid, path):
             continue
         try:
             before = os.path.getsize(path)

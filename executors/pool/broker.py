@@ -326,6 +326,7 @@ class Broker:
             run = task.handle
             outcome.rank = task.slots.index(slot.id)
             run.outcomes[outcome.rank] = outcome
+            task.times.returned.setdefault(outcome.rank, time.time())   # no returned-<r> file
             if len(run.outcomes) == len(task.slots):
                 self.deliver(task)
                 self.forget(task)

@@ -51,6 +51,7 @@ from typing import Dict, List, Optional, Sequence
 
 from hetflow._progress import waiting
 from hetflow.errors import ConfigError, ExecutorBroken, LaunchError, ResourcesUnavailable
+from hetflow.executors import _rankio
 from hetflow.executors.kernel import Executor, Task
 from hetflow.executors.launch import default_mpiexec
 from hetflow.executors.pool import wire
@@ -117,6 +118,7 @@ class PoolExecutor(Executor):
     unsupported: Dict[str, str] = {}
     dispatch_on_release = True          # the broker starts what fits on the slots it frees
     dispatch_on_submit = True           # _start only posts to the broker: no hand-off first
+    own_stacks = True                   # a rank's stack file is its own; outcomes say returned
 
     def __init__(self, label: str = "pool", *, max_ranks: Optional[int] = None,
                  hostfile: Optional[str] = None, launcher: Optional[Sequence[str]] = None,
@@ -292,6 +294,17 @@ class PoolExecutor(Executor):
     def _slots(self) -> Dict[int, Slot]:
         return dict(self._mpi.slots) if self._mpi is not None else {}
 
+    def _stack_files(self, task: Task) -> Optional[dict]:
+        """The running task's ranks on this node, with the stack file each keeps for life."""
+        here, slots = socket.gethostname(), self._slots
+        known = {}
+        for rank, slot_id in enumerate(task.slots):
+            slot = slots.get(slot_id)
+            if slot is not None and slot.host == here and slot.pid and self._node_root:
+                known[rank] = (slot.pid, os.path.join(self._node_root, _rankio.process_stack_name(
+                    slot.world, slot.wrank, slot.pid)))
+        return known
+
     # ------------------------------------------------------------------ client-side helpers
     def _pinned(self, resources, args, kwargs) -> Optional[tuple]:
         handles = find_handles(args, kwargs)
@@ -319,6 +332,7 @@ class PoolExecutor(Executor):
                 "HETFLOW_POOL_SYSPATH": os.pathsep.join(self.client_sys_path()),
                 "HETFLOW_POOL_CLIENT_PID": str(os.getpid()),
                 "HETFLOW_POOL_CLIENT_HOST": socket.gethostname(),
+                "HETFLOW_POOL_STACKS": self._node_root or "",
                 "HETFLOW_POOL_HEARTBEAT": str(self.heartbeat_s),
                 "HETFLOW_POOL_GPUS_PER_RANK": str(self.gpus_per_rank)}
 

@@ -142,6 +142,12 @@ def main(argv=None) -> int:
     client_pid = int(os.environ.get("HETFLOW_POOL_CLIENT_PID", "0") or 0)
     if os.environ.get("HETFLOW_POOL_CLIENT_HOST") != socket.gethostname():
         client_pid = 0   # another node: rely on heartbeat acknowledgements instead
+    stacks_root = os.environ.get("HETFLOW_POOL_STACKS")
+    if client_pid and stacks_root:   # the client's node: one stack file for the rank's life
+        from hetflow.executors import _rankio
+
+        _rankio.keep_stacks(os.path.join(stacks_root, _rankio.process_stack_name(
+            world_id, rank, os.getpid())))
     threading.Thread(target=_control_loop, name="pool-control", daemon=True,
                      args=(ctx, address, identity, signer, real_exit,
                            float(os.environ.get("HETFLOW_POOL_HEARTBEAT", "1.0")),
