@@ -111,23 +111,32 @@ class TaskQueue:
         """Start what fits now, on the calling thread (the dispatch thread, or a runtime's
         thread that just freed slots: :meth:`release` with ``now``)."""
         with self.lock:
-            if self._closed:
-                return
-            ready = self.scheduler.pop_ready()
-            for task, slots, devices in ready:
-                task.slots, task.devices = list(slots), list(devices)
-                task.state = TaskState.EXECUTING
-            blocked = self.scheduler.blocked
-            told, reshaped = self._told
-            tell = blocked is not None and (told is None or told() is not blocked[0]
-                                            or reshaped != self._reshaped) \
-                and self.scheduler.may_reshape(blocked)
-            if tell:
-                self._told = (weakref.ref(blocked[0]), self._reshaped)
+            placed = self._place()
+        self._hand_over(*placed)
+
+    def _place(self) -> tuple:
+        """Under the lock: take what fits; ``(ready, the blocked head to tell of, or None)``."""
+        if self._closed:
+            return [], None
+        ready = self.scheduler.pop_ready()
+        for task, slots, devices in ready:
+            task.slots, task.devices = list(slots), list(devices)
+            task.state = TaskState.EXECUTING
+        blocked = self.scheduler.blocked
+        told, reshaped = self._told
+        tell = blocked is not None and (told is None or told() is not blocked[0]
+                                        or reshaped != self._reshaped) \
+            and self.scheduler.may_reshape(blocked)
+        if tell:
+            self._told = (weakref.ref(blocked[0]), self._reshaped)
+        return ready, blocked[0] if tell else None
+
+    def _hand_over(self, ready, blocked) -> None:
+        """Outside the lock: start what was placed, tell the runtime of a blocked head."""
         for task, *_ in ready:
             self._on_ready(task)
-        if tell:
-            self._on_blocked(blocked[0])
+        if blocked is not None:
+            self._on_blocked(blocked)
 
     # ------------------------------------------------------------------ queue and slots
     def push(self, task, slots: int, gpus: int, now: bool = False) -> None:
@@ -159,8 +168,9 @@ class TaskQueue:
                 self.scheduler.release_devices(devices)
             if not now:
                 self.kick()
-        if now:
-            self.dispatch()
+                return
+            placed = self._place()          # in the same hold of the lock
+        self._hand_over(*placed)
 
     def requeue(self, tasks, release: bool, need: Callable) -> None:
         """Queue running ``tasks`` again, first; ``need(task)``: its ``(slots, gpus)``."""
