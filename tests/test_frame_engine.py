@@ -117,3 +117,43 @@ mpiutil.report(failures)
 def test_groupby_types_and_nulls_every_width(ranks):
     for failures in run_mpi(WIDTHS, ranks, timeout=240).values(ranks):
         assert failures == [], "\n".join(failures[:8])
+
+
+def test_integer_keys_packed_into_one_code_give_the_same_bits():
+    # Several null-free integer keys of a holistic group-by are grouped by one int64 code
+    # (_engine.grouped): the same groups and every result to the bit as grouped by the keys
+    # themselves, keys read back in their own types; a null key, a range product of 2**62 or
+    # more, a uint64 beyond int64 or no holistic aggregation leave the keys as they are.
+    import numpy as np
+    import polars as pl
+    import pyarrow as pa
+
+    from hetflow.frame import _aggregate, _engine
+
+    rng = np.random.default_rng(41)
+    n = 50_000
+    t = pa.table({"a": pa.array(rng.integers(-50, 50, n).astype(np.int32)),
+                  "b": pa.array(rng.integers(-2**40, 2**40, n) % 977 - 2**40, pa.int64()),
+                  "u": pa.array(rng.integers(0, 7, n).astype(np.uint8)),
+                  "w": pa.array(rng.integers(0, 2**62, n) * 2, pa.int64()),
+                  "big": pa.array(rng.integers(0, 3, n).astype(np.uint64) + np.uint64(2**63)),
+                  "n": pa.array(rng.integers(0, 5, n), pa.int64(), mask=rng.random(n) < 0.1),
+                  "v": rng.random(n), "i": pa.array(rng.integers(0, 9, n).astype(np.int32))})
+    spec = {"v": ["median", "std", "sum", "mean", "first", "last", "min"],
+            "i": ["sum", "count", "max", "nunique"]}
+    packs = []
+    real = _engine._key_spans
+    seen = lambda keys: packs.append(real(keys) is not None) or real(keys)  # noqa: E731
+    _engine._key_spans = seen
+    try:
+        for by in (["a", "b", "u"], ["a", "u"], ["a", "w"], ["a", "big"], ["a", "n"]):
+            planned = _aggregate.plan(spec)
+            packed = pl.from_arrow(_aggregate.whole(t, by, planned)).sort(by)
+            _engine._key_spans = lambda keys: None
+            plain = pl.from_arrow(_aggregate.whole(t, by, planned)).sort(by)
+            _engine._key_spans = seen
+            assert packed.schema == plain.schema and packed.equals(plain), by
+            assert packed.height == t.select(by).group_by(by).aggregate([]).num_rows, by
+    finally:
+        _engine._key_spans = real
+    assert packs == [True, True, False, False, False]

@@ -250,6 +250,7 @@ class _Kernel:
         self.names = [f"k{i}" for i in range(len(keys))]
         self.exprs, self.outs, self.after, self._added = [], [], [], {}
         self.numbered = False   # whether a result reads the rows' numbers
+        self.holistic = False   # whether a result reads each group's rows (see _engine.grouped)
 
     def col(self, col: pa.Array, how=_engine.decoded):
         """``col`` as ``how`` prepares it, a polars column (added once per column and way)."""
@@ -293,8 +294,8 @@ class _Kernel:
         by_row = [i for i, k in enumerate(self.keys) if not _engine.native(k.type)]
         first = [pl.col(_engine.ROW).first().alias("__first")] if by_row else []
         lazy = _engine.frame(self.columns, self.names, row=self.numbered or bool(by_row)).lazy()
-        got = _engine.arrow(_engine.collect(lazy.group_by(keys).agg(first + self.exprs)
-                                            .with_columns(self.after)))
+        got = _engine.arrow(_engine.collect(_engine.grouped(
+            lazy, keys, self.keys, first + self.exprs, self.holistic).with_columns(self.after)))
         rows = _arrays._single(got.column("__first")) if by_row else None
         keys = [k.take(rows) if i in by_row else _arrays._single(got.column(f"k{i}")).cast(k.type)
                 for i, k in enumerate(self.keys)]
@@ -368,6 +369,7 @@ def _parts(k: _Kernel, p: Planned, cols: Sequence[pa.Array], merging: bool) -> N
 
 def _holistic(k: _Kernel, p: Planned, col: pa.Array) -> None:
     """A result of ``p`` over every row of each group: median, quantile, nunique."""
+    k.holistic = True
     if p.name == "nunique":
         k.out(k.col(col, _engine.comparable).n_unique(), _cast(pa.int64()))
         return

@@ -96,6 +96,55 @@ def arrow(df) -> pa.Table:
     return out.combine_chunks() if any(c.num_chunks != 1 for c in out.columns) else out
 
 
+def grouped(lazy, names: Sequence[str], keys: Sequence[pa.Array], aggs, holistic: bool):
+    """``lazy.group_by(names).agg(aggs)``, the key columns ``names`` holding ``keys``.
+
+    ``holistic`` (an aggregation reads each group's rows: median, quantile, nunique): several
+    null-free integer keys whose ranges' product stays below 2**62 are grouped by one int64
+    code (each key's offset from its minimum, mixed radix) and read back from it. polars
+    groups one integer column faster than several (two int32 keys of 100 values each, 5M
+    rows, median and std, one thread: 0.23 s against 0.36 s CPU), and with a holistic
+    aggregation it evaluates every aggregation over each group's rows in their order either
+    way, so the results are the same to the bit. Without one, polars' single-key path sums
+    floats in another order (means and sums differed in the last digit): not packed."""
+    pl = polars()
+    spans = _key_spans(keys) if holistic else None
+    if spans is None:
+        return lazy.group_by(list(names)).agg(aggs)
+    code, stride = pl.lit(0, pl.Int64), 1
+    strides = []
+    for name, (lo, span) in reversed(list(zip(names, spans))):
+        code = code + (pl.col(name).cast(pl.Int64) - lo) * stride
+        strides.append(stride)
+        stride *= span
+    strides.reverse()
+    back = [((pl.col(CODE) // st) % span + lo).cast(lazy.collect_schema()[name]).alias(name)
+            for name, (lo, span), st in zip(names, spans, strides)]
+    return lazy.with_columns(code.alias(CODE)).group_by(CODE).agg(aggs) \
+        .select(back + [pl.all().exclude(CODE)])
+
+
+#: The one int64 key column of :func:`grouped`'s packed keys.
+CODE = "__hetflow_code"
+
+
+def _key_spans(keys: Sequence[pa.Array]):
+    """Each key's (minimum, values in its range) where :func:`grouped` packs them, else None."""
+    if len(keys) < 2 or not all(
+            pa.types.is_integer(k.type) and not k.null_count and len(k) for k in keys):
+        return None
+    spans, total = [], 1
+    for k in keys:
+        lo, hi = (v.as_py() for v in pc.min_max(k).values())
+        if hi >= 2**63:   # beyond int64 (a uint64 key)
+            return None
+        spans.append((lo, hi - lo + 1))
+        total *= hi - lo + 1
+        if total >= 2**62:
+            return None
+    return spans
+
+
 def native(t: pa.DataType) -> bool:
     """Types polars groups, orders and reduces as Arrow does (others go by codes or ranks)."""
     return (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t)
