@@ -9,6 +9,7 @@ communicator of exactly that size, private to the call.
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any, Callable, Optional, Sequence, Union
 
 import pickle
@@ -36,6 +37,10 @@ class MPIApp(AppBase):
                  data_flow_kernel=None):
         self.resources = resources
         self.fn = fn
+        #: Checked once (see __call__): the DFK every loaded executor was checked against,
+        #: and a call without arguments' pickled arguments (the same bytes each time).
+        self._fits_in = None
+        self._bare_arguments: Optional[bytes] = None
         task = MPITask(fn)
         if isinstance(executors, str) and executors != "all":
             executors = [executors]      # one label, as the docs allow; Parsl wants a list
@@ -65,10 +70,21 @@ class MPIApp(AppBase):
         app_kwargs = dict(self.kwargs)
         app_kwargs.update(kwargs)
         app_kwargs["parsl_resource_specification"] = resources.to_spec()
-        arguments = _pickled_arguments(self.fn.__name__, args, kwargs, app_kwargs)
-        _check_resident(self.fn.__name__, resources, args, kwargs)
+        # A call with no arguments (and the app's own resources) pickles the same bytes
+        # every time, and has no resident handle to check: done once per app.
+        bare = not args and not kwargs and not self.kwargs and resources is self.resources
+        if bare and self._bare_arguments is not None:
+            arguments = self._bare_arguments
+        else:
+            arguments = _pickled_arguments(self.fn.__name__, args, kwargs, app_kwargs)
+            _check_resident(self.fn.__name__, resources, args, kwargs)
+            if bare:
+                self._bare_arguments = arguments
         dfk = self.data_flow_kernel or DataFlowKernelLoader.dfk()
-        _check_fits(self.fn.__name__, resources, dfk, self.executors)
+        if resources is not self.resources or self._fits_in is None or self._fits_in() is not dfk:
+            _check_fits(self.fn.__name__, resources, dfk, self.executors)
+            if resources is self.resources:   # what fits stays fitting: executors are only added
+                self._fits_in = weakref.ref(dfk)
         ignore_for_cache = self.ignore_for_cache
         if arguments is not None:
             app_kwargs[ARGUMENTS_KWARG] = arguments

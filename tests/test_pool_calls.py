@@ -106,6 +106,68 @@ def test_a_no_op_task_with_output_off_touches_no_file():
     assert sum(calls.values()) / TASKS <= MAX_FS_CALLS_PER_TASK, calls
 
 
+def test_a_call_without_arguments_pickles_and_checks_them_once_per_app():
+    """``noop()`` pickles the same ``((), {resources})`` each time and is checked against the
+    same executors: once per app, not per task (before: its arguments pickled and
+    ``check_resources`` asked at the call, for each task). What is left per task: the
+    payload's pickling and the kernel's own ``check_resources`` at its submit."""
+    counts = collections.Counter()
+    counting = [False]
+    app = noop.options(ranks=2)
+
+    def hook(frame, event, arg):
+        if counting[0] and event == "call":
+            counts[(os.path.basename(frame.f_code.co_filename), frame.f_code.co_name)] += 1
+
+    def warm():
+        for _ in range(10):
+            app().result()
+
+    def run():
+        futures = [app() for _ in range(TASKS)]
+        return [f.result(timeout=120) for f in futures]
+
+    assert run_counted(hook, counting, warm, run) == [None] * TASKS
+    assert counts[("apps.py", "_pickled_arguments")] == 0, counts
+    assert counts[("_pickling.py", "dumps")] == TASKS, counts        # the payload's
+    checks = sum(c for (_, name), c in counts.items() if name == "check_resources")
+    assert checks == TASKS, counts                                    # the kernel's
+
+
+def test_a_delivered_task_leaves_nothing_behind_in_the_client():
+    """Per-task bookkeeping is freed once the future is delivered and dropped: objects the
+    cyclic gc tracks (and everything they hold: a task's record, payload, files follower) do
+    not grow with the tasks run. Measured: -0.005 to 0.005 objects per task over 800 2-rank
+    no-op tasks; 45 with the broker keeping its record of each. (A 100,000-task run's client
+    grows 66 -> ~1,000 MiB only while they are all queued: 7.7 KB and 41 gc objects per
+    queued task, most of them Parsl's record, its AppFuture and the executor's Future.)"""
+    import gc
+
+    app = noop.options(ranks=2)
+    counting = [False]
+
+    def alive():
+        gc.collect()
+        return len(gc.get_objects())
+
+    def warm():
+        for _ in range(10):
+            app().result()
+
+    def run():
+        before = None
+        for round in range(3):
+            futures = [app() for _ in range(TASKS * 2)]
+            assert [f.result(timeout=120) for f in futures] == [None] * (TASKS * 2)
+            del futures
+            if round == 0:          # caches filled (Parsl's, the scheduler's, the pool's)
+                before = alive()
+        return (alive() - before) / (TASKS * 4)
+
+    grown = run_counted(lambda *a: None, counting, warm, run)
+    assert grown < 0.05, grown
+
+
 def test_a_rank_reads_its_host_name_once(monkeypatch):
     """A rank asks for its node's name twice per task (where to capture, and its outcome's
     host): one ``uname`` syscall per process, not two per task."""

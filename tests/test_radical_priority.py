@@ -111,24 +111,85 @@ def test_rp_daemons_stop_while_every_task_computes_and_continue_for_a_new_one(
     ex = shared_executor
     base = os.path.abspath(ex.base)
     marker = str(tmp_path / "go")
-    ex._yielder.frozen_max_s = 600      # no periodic continue: only a submit can wake RP
+    yielder = ex._yielder
+    # No periodic continue (only a submit can wake RP), and no freeze of the idle pilot
+    # (test below): what is stopped here is stopped while a task computes.
+    yielder.frozen_max_s = yielder.idle_after_s = 600
+    yielder.thaw()
+    freezes, idle_freezes = yielder.freezes, yielder.idle_freezes
     held = wait_for(marker)
     deadline = time.time() + 120
-    while not ex._yielder.frozen:
+    while not yielder.frozen or yielder.freezes == freezes:
         assert time.time() < deadline and not held.done(), "RP's daemons were never stopped"
         time.sleep(0.05)
+    assert yielder.idle_freezes == idle_freezes      # stopped while the task computes
     stopped = [p.pid for p in session_processes(base) if _stopped(p.pid)]
     assert len(stopped) >= 10, stopped            # bridges, components, agent, master
     # A task submitted now is RP's to dispatch: its daemons continue first, and it runs
     # (stopped, RP could not dispatch it before the 600 s above).
     try:
         assert quick().result(timeout=120) == "ran"
-    finally:
-        ex._yielder.frozen_max_s = 30.0
         open(marker, "w").close()
-    assert held.result(timeout=120) == [2, 2]
+        assert held.result(timeout=120) == [2, 2]
+        deadline = time.time() + 60
+        while yielder.frozen:
+            assert time.time() < deadline, "RP's daemons were not continued"
+            time.sleep(0.05)
+        assert not [p.pid for p in session_processes(base) if _stopped(p.pid)]
+    finally:
+        yielder.frozen_max_s, yielder.idle_after_s = 30.0, 1.0
+        open(marker, "w").close()
+
+
+def _ticks(pids) -> int:
+    """User + system CPU ticks (/proc/PID/stat) of the live ``pids``, together."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def _await_idle_freezes(yielder, count: int, what: str) -> None:
     deadline = time.time() + 60
-    while ex._yielder.frozen:
-        assert time.time() < deadline, "RP's daemons were not continued"
+    while yielder.idle_freezes < count or not yielder.frozen:
+        assert time.time() < deadline, what
         time.sleep(0.05)
-    assert not [p.pid for p in session_processes(base) if _stopped(p.pid)]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="no autogroups here")
+@pytest.mark.on_shared_runtime("radical")
+def test_an_idle_pilots_daemons_stop_and_continue_for_heartbeats_and_a_new_task(
+        shared_executor):
+    # RP idle (no task, no worker starting): its ~16 daemons polled on at ~0.6 cores of this
+    # 2-core node (measured, docs/runtimes/radical.md). They are stopped ~1 s after RP's last
+    # task ended, continued every frozen_max_s for RP's heartbeats, and at once for a task.
+    ex = shared_executor
+    yielder = ex._yielder
+    base = os.path.abspath(ex.base)
+    assert quick().result(timeout=120) == "ran"
+    before = yielder.idle_freezes
+    _await_idle_freezes(yielder, before + 1, "the idle pilot's daemons were never stopped")
+    yielder.frozen_max_s = 600                     # no heartbeat continue in the window
+    try:
+        stopped = [p.pid for p in session_processes(base) if _stopped(p.pid)]
+        assert len(stopped) >= 10, stopped         # bridges, components, agent, master
+        # Over 5 s of idleness the stopped daemons take no CPU at all (a count, whatever the
+        # load): before, they took ~0.6 cores, ~300 ticks.
+        ticks = _ticks(stopped)
+        time.sleep(5)
+        assert yielder.frozen and _ticks(stopped) == ticks
+        assert all(_stopped(pid) for pid in stopped if psutil.pid_exists(pid))
+        # RP's heartbeats: continued for thaw_for_s every frozen_max_s, then stopped again.
+        yielder.frozen_max_s = 1.0
+        _await_idle_freezes(yielder, yielder.idle_freezes + 2, "no stop after a heartbeat")
+    finally:
+        yielder.frozen_max_s = 30.0
+    # A task handed to the idle pilot continues RP first, and runs; then RP is idle again.
+    freezes = yielder.idle_freezes
+    assert quick().result(timeout=120) == "ran"
+    _await_idle_freezes(yielder, freezes + 1, "the pilot was not stopped once idle again")

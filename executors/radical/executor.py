@@ -14,6 +14,7 @@ tasks that were running on it are queued again (:meth:`RadicalExecutor._recycle`
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -145,6 +146,7 @@ class RadicalExecutor(Executor):
             descriptions=descriptions, restarts=self.restarts, on_broken=self._worker_broken,
             stopping=lambda: self.stopping)
         self._running: Dict[str, Task] = {}         # RP uid -> task, under _running_lock
+        self._in_rp: set = set()      # uids of RP tasks RP may still run (and end), same lock
         self._running_lock = threading.RLock()
         self._watchdog: Optional[threading.Thread] = None
         self._yielder: Optional[priority.Yielder] = None
@@ -199,9 +201,14 @@ class RadicalExecutor(Executor):
         busy, some task's ranks have started (pid files) and not all of them have written
         their outcome: only then may RP's daemons yield (its completion needs them); still,
         every task RP holds has all its ranks computing (started, alive, no outcome yet): RP
-        has nothing to do until one ends, and its daemons may be stopped."""
+        has nothing to do until one ends, and its daemons may be stopped; or it holds none (not
+        even a copy it will run for nothing, see ``_retire``) and the pilot is up, its RAPTOR
+        worker too (not starting, not being recycled): RP is idle."""
         with self._running_lock:
             tasks = list(self._running.values())
+            idle = not tasks and not self._in_rp
+        if idle:
+            return False, not self.stopping and (self.mode == "exec" or self.worker.up)
         busy, still = False, bool(tasks)
         for task in tasks:
             taskdir = task.handle.taskdir
@@ -212,10 +219,9 @@ class RadicalExecutor(Executor):
                 and len(pids) >= task.resources.ranks and all(map(alive, pids.values()))
         return busy, still
 
-    def _thaw(self) -> None:
-        """RP's daemons run before RP is handed anything (see ``priority.Yielder``)."""
-        if self._yielder is not None:
-            self._yielder.thaw()
+    def _handing(self):
+        """RP's daemons run while RP is handed anything (see ``priority.Yielder.handing``)."""
+        return self._yielder.handing() if self._yielder is not None else contextlib.nullcontext()
 
     def _stop_runtime(self) -> None:
         if self._yielder is not None:
@@ -257,17 +263,19 @@ class RadicalExecutor(Executor):
         handle.uid, handle.failed_seen = description["uid"], None
         with self._running_lock:
             self._running[handle.uid] = task
-        self._thaw()
-        try:
-            submit([description])
-        except Exception as exc:
-            with self._running_lock:
-                self._running.pop(handle.uid, None)
-            raise LaunchError(f"could not submit task {task.id} to RADICAL-Pilot: {exc}") from exc
-        if task.error is not None:          # stopped while it was being submitted
-            self._stop(task, task.error)
-        elif task.times.launched != task.times.launched:     # NaN: not yet (not a re-run)
-            self._await_launch(task)
+            self._in_rp.add(handle.uid)
+        with self._handing():
+            try:
+                submit([description])
+            except Exception as exc:
+                with self._running_lock:
+                    self._running.pop(handle.uid, None)
+                    self._in_rp.discard(handle.uid)
+                raise LaunchError(f"could not submit task {task.id} to RADICAL-Pilot: {exc}") from exc
+            if task.error is not None:          # stopped while it was being submitted
+                self._stop(task, task.error)
+            elif task.times.launched != task.times.launched:     # NaN: not yet (not a re-run)
+                self._await_launch(task)
 
     def _await_launch(self, task: Task) -> None:
         """Tell the kernel when the task's first rank started its function (the mtime of
@@ -292,25 +300,25 @@ class RadicalExecutor(Executor):
         handle: Optional[_InPilot] = task.handle
         if handle is None:
             return           # not submitted yet: _start sees task.error and stops it
-        self._thaw()
-        if handle.path == "raptor" and not self.stopping:
-            self._recycle(task)
-            return
-        with self._running_lock:
-            if self._running.pop(handle.uid, None) is None:
+        with self._handing():
+            if handle.path == "raptor" and not self.stopping:
+                self._recycle(task)
                 return
-        deaths = self._deaths(task) if task.error is None else None
-        if handle.path == "exec":
-            # Ranks RP's agent starts after the kill below (its cancel does not stop a
-            # launch under way) find this and do not run.
-            handle.taskdir.ask_to_stop()
-            try:
-                self.pilot.tmgr.cancel_tasks(handle.uid)
-            except Exception:  # noqa: BLE001 - best effort: its ranks are killed below
-                pass
-            kill_launch_of(handle.taskdir.path)
-        # (RAPTOR at shutdown: the worker goes with the session.)
-        self.complete(task, handle.taskdir.outcomes(), deaths=deaths)
+            with self._running_lock:
+                if self._running.pop(handle.uid, None) is None:
+                    return
+            deaths = self._deaths(task) if task.error is None else None
+            if handle.path == "exec":
+                # Ranks RP's agent starts after the kill below (its cancel does not stop a
+                # launch under way) find this and do not run.
+                handle.taskdir.ask_to_stop()
+                try:
+                    self.pilot.tmgr.cancel_tasks(handle.uid)
+                except Exception:  # noqa: BLE001 - best effort: its ranks are killed below
+                    pass
+                kill_launch_of(handle.taskdir.path)
+            # (RAPTOR at shutdown: the worker goes with the session.)
+            self.complete(task, handle.taskdir.outcomes(), deaths=deaths)
 
     # ------------------------------------------------------------------ completion
     def _state_cb(self, rp_task, state) -> None:
@@ -318,6 +326,7 @@ class RadicalExecutor(Executor):
         if state not in FINAL:
             return
         with self._running_lock:
+            self._in_rp.discard(rp_task.uid)
             task = self._running.get(rp_task.uid)
         if task is None:    # an abandoned copy (worker recycled, task stopped) or the probe
             return
@@ -392,30 +401,33 @@ class RadicalExecutor(Executor):
         kernel's (cancel, walltime) or else the ranks' reports, read before the worker is
         killed (killing it ends every rank).
         """
-        self._thaw()
-        with self._running_lock:
-            if self._running.pop(uid or task.handle.uid, None) is None:
-                return       # reported, or recycled by another thread, meanwhile
-            neighbours = [t for t in self._running.values() if t.handle.path == "raptor"]
-            for t in neighbours:
-                self._running.pop(t.handle.uid, None)
-        # Copies still queued in the RAPTOR master must not run: not this task's (it ends
-        # here), not its neighbours' (they run again under new uids).
-        for t in [task] + neighbours:
-            _retire(t.handle)
-        deaths = self._deaths(task) if task.error is None else None
-        restart = not self.stopping     # (at shutdown the kernel fails the neighbours)
-        error = self.worker.recycle([t.handle.taskdir.pids() for t in [task] + neighbours],
-                                    restart)
-        if restart:
-            if error is not None:
+        with self._handing():
+            with self._running_lock:
+                if self._running.pop(uid or task.handle.uid, None) is None:
+                    return       # reported, or recycled by another thread, meanwhile
+                neighbours = [t for t in self._running.values() if t.handle.path == "raptor"]
                 for t in neighbours:
-                    self.finish(t, error=ExecutorBroken(f"RAPTOR worker could not restart: "
-                                                        f"{error}"))
-            else:     # atomically: the freed slots go to the neighbours first
-                self.requeue(*neighbours, release=True)
-        self.complete(task, task.handle.taskdir.outcomes(), deaths=deaths,
-                      stderr_tail=_WORKER_LOST)
+                    self._running.pop(t.handle.uid, None)
+            # Copies still queued in the RAPTOR master must not run: not this task's (it ends
+            # here), not its neighbours' (they run again under new uids).
+            for t in [task] + neighbours:
+                _retire(t.handle)
+                if t.handle.taskdir.pids():     # it ran on the worker killed below: RP's
+                    with self._running_lock:    # copy never ends (a queued one runs for nothing)
+                        self._in_rp.discard(t.handle.uid)
+            deaths = self._deaths(task) if task.error is None else None
+            restart = not self.stopping     # (at shutdown the kernel fails the neighbours)
+            error = self.worker.recycle([t.handle.taskdir.pids() for t in [task] + neighbours],
+                                        restart)
+            if restart:
+                if error is not None:
+                    for t in neighbours:
+                        self.finish(t, error=ExecutorBroken(f"RAPTOR worker could not restart: "
+                                                            f"{error}"))
+                else:     # atomically: the freed slots go to the neighbours first
+                    self.requeue(*neighbours, release=True)
+            self.complete(task, task.handle.taskdir.outcomes(), deaths=deaths,
+                          stderr_tail=_WORKER_LOST)
 
     def _worker_broken(self, error: ExecutorBroken) -> None:
         """The worker never came up: its RAPTOR tasks fail (later ones at ``_start``)."""

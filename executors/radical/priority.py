@@ -33,6 +33,7 @@ The shims import nothing; the master and worker use ``executors/radical/lowprio.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -84,7 +85,7 @@ def write_shims(bindir: str, python: str = sys.executable) -> str:
 
 def is_rank_parent(title: str) -> bool:
     """Whether an RP process titled ``title`` starts the ranks (it is not niced)."""
-    return any(title.startswith(f"rp.{name}") for name in PARENTS_OF_RANKS)
+    return any(title.startswith(f"rp.{name}.") for name in PARENTS_OF_RANKS)   # not its queue
 
 
 def lower_agent(processes) -> int:
@@ -159,23 +160,31 @@ class Yielder:
     The processes that start the ranks (``PARENTS_OF_RANKS``) are never stopped. A stopped
     process dies by SIGKILL as any other (the guardian's way).
 
-    ``state()``: ``(busy, still)``, whether some task's ranks are computing and whether all
-    of RP's tasks' are (``still`` None: never freeze), read in one pass every ``period_s``;
+    An idle pilot (RP holds no task, starts or recycles no worker, cancels nothing) is
+    stopped too, after ``idle_after_s``: its ~16 daemons poll on, ~0.6 cores of a 2-core node
+    (measured, see docs/runtimes/radical.md). Whatever the runtime hands RP goes inside
+    :meth:`handing`, which continues RP's daemons and keeps them running until it returns.
+
+    ``state()``: ``(busy, still)``, whether some task's ranks are computing, and whether RP
+    has nothing to do (every task it holds has all its ranks computing, or it holds none and
+    is idle; ``still`` None: never freeze), read in one pass every ``period_s``;
     ``processes()``: the pilot session's processes.
     """
 
     def __init__(self, state: Callable[[], Tuple[bool, Optional[bool]]],
                  processes: Callable[[], list], after_s: float = 1.0, period_s: float = 0.1,
                  freeze_after_s: float = 0.2, frozen_max_s: float = 30.0,
-                 thaw_for_s: float = 1.0):
+                 thaw_for_s: float = 1.0, idle_after_s: float = 1.0):
         self.state, self.processes = state, processes
         self.after_s, self.period_s = after_s, period_s
         self.frozen_max_s, self.thaw_for_s = frozen_max_s, thaw_for_s
-        self.freeze_after_s = freeze_after_s
+        self.freeze_after_s, self.idle_after_s = freeze_after_s, idle_after_s
         self.lowered = False
         #: How many times RP's sessions were lowered, and its daemons stopped (tests read it).
         self.lowerings = 0
         self.freezes = 0
+        #: ... of which while RP was idle (no task at all).
+        self.idle_freezes = 0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._sessions: Dict[int, int] = {}
@@ -183,6 +192,7 @@ class Yielder:
         self._frozen: list = []            # pids stopped now
         self._frozen_at = 0.0
         self._hold_until = 0.0             # no freeze before (monotonic)
+        self._handing = 0                  # calls into RP under way (see handing)
 
     @property
     def frozen(self) -> bool:
@@ -215,7 +225,22 @@ class Yielder:
             except OSError:
                 pass
 
-    def _freeze(self) -> None:
+    @contextlib.contextmanager
+    def handing(self):
+        """Around a call that hands RP something (a submit, a cancel, a worker's recycling):
+        RP's daemons are continued first and not stopped before it returns."""
+        with self._guard:
+            self._handing += 1
+        self.thaw()
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._handing -= 1
+                self._hold_until = max(self._hold_until,
+                                       time.monotonic() + self.freeze_after_s)
+
+    def _freeze(self, idle: bool = False) -> None:
         pids = []
         for proc in self.processes():
             try:
@@ -225,7 +250,7 @@ class Yielder:
             if is_daemon(line) and not is_rank_parent(line) and "bootstrap_0.sh" not in line:
                 pids.append(proc.pid)
         with self._guard:
-            if time.monotonic() < self._hold_until or self._frozen:
+            if time.monotonic() < self._hold_until or self._frozen or self._handing:
                 return
             for pid in pids:
                 try:
@@ -235,6 +260,7 @@ class Yielder:
                     pass
             self._frozen_at = time.monotonic()
             self.freezes += 1
+            self.idle_freezes += idle
 
     def _run(self) -> None:
         since = still_since = None
@@ -251,13 +277,12 @@ class Yielder:
                 self._set(0)
             if still is None:
                 continue
-            still = busy and still
             still_since = (still_since or now) if still else None
             if self._frozen and (not still or now - self._frozen_at >= self.frozen_max_s):
                 self.thaw(hold_s=None if not still else self.thaw_for_s)
-            elif still and not self._frozen and now - still_since >= self.freeze_after_s \
-                    and now >= self._hold_until:
-                self._freeze()
+            elif still and not self._frozen and now >= self._hold_until and now - still_since \
+                    >= (self.freeze_after_s if busy else self.idle_after_s):
+                self._freeze(idle=not busy)
 
     def _set(self, nice: int) -> None:
         for pid in self._sessions.values():
