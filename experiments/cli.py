@@ -27,6 +27,24 @@ def _split(text: Optional[str]) -> Optional[List[str]]:
     return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
 
 
+def questions(text: Optional[str]) -> Optional[List[str]]:
+    """``--questions``: analytics queries separated by ``;``, each a query's name or a part of
+    one that names exactly one (``"median;sum v3"``); their full names, in the given order."""
+    if text is None:
+        return None
+    from hetflow.experiments.analytics_data import QUERIES
+
+    names = [q.name for q in QUERIES]
+    out = []
+    for part in (t.strip() for t in text.split(";")):
+        found = [part] if part in names else [n for n in names if part and part in n]
+        if len(found) != 1:
+            raise ConfigError(f"--questions: {part!r} names {len(found)} queries "
+                              f"({found or names}); give one query's name or a part of it")
+        out.append(found[0])
+    return out
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -87,6 +105,8 @@ def build_parser(prog: str = "hetflow bench",
                         "(not installed ones are skipped and reported)")
     parser.add_argument("--out", help="output directory (default ./hetflow-bench-<time>); the "
                         f"results append to OUT/{RESULTS_NAME}, the report is OUT/report.md")
+    parser.add_argument("--questions", help="(analytics) only these queries, separated by ';': "
+                        "each a query's name or a part of it naming one, e.g. 'median;sum v3'")
     parser.add_argument("--no-plots", action="store_true", help="tables only")
     return parser
 
@@ -119,7 +139,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "hetflow bench") -> int:
         overrides = dict(repeats=args.repeats, iterations=args.iterations,
                          rows=configs.parse_ints(args.rows), ranks=configs.parse_ints(args.ranks),
                          executors=_split(args.executors), queued=configs.parse_ints(args.queued),
-                         slots=configs.parse_ints(args.slots))
+                         slots=configs.parse_ints(args.slots), queries=questions(args.questions))
         cfgs = [configs.load(n, quick=args.quick).replace(**overrides) for n in names]
         if args.experiment == "all":  # the paper-scale run is asked for by name
             cfgs = [c for c in cfgs if c.in_all]

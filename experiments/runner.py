@@ -9,7 +9,6 @@ Every row carries the experiment, executor, repeat, host and library versions.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -17,133 +16,18 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from typing import Dict, List, Optional
 
 from hetflow.experiments import owncpu, protocol
 from hetflow.experiments.config import ExperimentConfig
-from hetflow.experiments.env import host_info, library_versions
-
-#: The executor name of the bare baseline: ``mpiexec -n R python ...`` with no hetflow runtime.
-BARE = "mpiexec"
-#: Seconds one task may take before it is recorded as an error (nothing may hang a report).
-TASK_TIMEOUT_S = 900.0
+from hetflow.experiments.recording import (BARE, TASK_TIMEOUT_S, Progress, Recorder, cores,
+                                           executors_of, runtime_session)
+from hetflow.experiments.runner_pipeline import pipeline_cases, run_pipeline
+from hetflow.experiments.recording import first_line as _first_line
 
 
-class Recorder:
-    """Appends rows to the results file, stamping each with the run's shared fields."""
 
-    def __init__(self, path: str, run_id: Optional[str] = None):
-        self.path = path
-        self.run_id = run_id or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self.rows = 0
-
-    def write(self, **row) -> dict:
-        row = {"run_id": self.run_id, "time": time.time(), **row,
-               "host": host_info(), "versions": library_versions()}
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(row, default=_jsonable) + "\n")
-        self.rows += 1
-        return row
-
-
-def _jsonable(value):
-    if isinstance(value, float) and value != value:
-        return None
-    if isinstance(value, (set, tuple)):
-        return list(value)
-    return str(value)
-
-
-class Progress:
-    """One experiment's progress: a tqdm bar on a terminal (nothing otherwise), then one
-    summary line, on a terminal or not."""
-
-    def __init__(self, experiment: str, total: int, stream=None):
-        from hetflow._progress import bar
-
-        self.experiment = experiment
-        self.total = max(total, 1)
-        self.done = 0
-        self.errors = 0
-        self.skipped = 0
-        self.stream = stream or sys.stderr
-        self.t0 = time.perf_counter()
-        self.note = ""
-        self._bar = bar(self.total, f"[{experiment}]", self.stream)
-
-    def step(self, note: str = "", n: int = 1, error: bool = False, skipped: bool = False) -> None:
-        n = min(n, self.total - self.done)
-        self.done += n
-        self.errors += int(error)
-        self.skipped += n if skipped else 0
-        self.note = note
-        self._bar.set_postfix_str(self._problems() + note, refresh=False)
-        self._bar.update(n)
-
-    def _problems(self) -> str:
-        text = f"{self.errors} error(s), " if self.errors else ""
-        return text + (f"{self.skipped} not run, " if self.skipped else "")
-
-    def close(self) -> None:
-        self._bar.close()
-        problems = self._problems().rstrip(", ")
-        self.stream.write(f"[{self.experiment}] {self.done}/{self.total} in "
-                          f"{time.perf_counter() - self.t0:.1f}s"
-                          + (f", {problems}" if problems else "") + "  done\n")
-        self.stream.flush()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return text.splitlines()[0][:400] if text else type(exc).__name__
-
-
-# --------------------------------------------------------------------------- sessions
-@contextlib.contextmanager
-def runtime_session(cfg: ExperimentConfig, name: str, rec: Recorder, max_ranks: int):
-    """Start runtime ``name`` for the block, recording start-up and shut-down times.
-
-    Yields None (after recording a row) when the runtime is not installed or
-    fails to start, so the experiment moves on to the next executor.
-    """
-    from hetflow.runtime import available_runtimes, runtime
-
-    if name not in available_runtimes():
-        rec.write(kind="skipped", experiment=cfg.name, executor=name,
-                  reason=f"runtime {name!r} is not installed "
-                         f"(installed: {sorted(available_runtimes())})")
-        yield None
-        return
-    options = {"max_ranks": max_ranks, **cfg.executor_options.get(name, {})}
-    t0 = time.perf_counter()
-    manager = runtime(name, sample_s=owncpu.SAMPLE_S, **options)
-    try:
-        dfk = manager.__enter__()
-    except Exception as exc:  # noqa: BLE001 - a runtime that won't start is a result too
-        rec.write(kind="error", experiment=cfg.name, executor=name, stage="start",
-                  error=_first_line(exc))
-        yield None
-        return
-    startup_s = time.perf_counter() - t0
-    own_cpu = owncpu.idle(dfk)
-    session = {"startup_s": startup_s, "options": options}
-    try:
-        yield session
-    finally:
-        t1 = time.perf_counter()
-        try:
-            manager.__exit__(None, None, None)
-        except Exception as exc:  # noqa: BLE001 - a runtime that fails to stop is recorded, not fatal
-            rec.write(kind="error", experiment=cfg.name, executor=name, stage="shutdown",
-                      error=_first_line(exc))
-        rec.write(kind="session", experiment=cfg.name, executor=name,
-                  max_ranks=options["max_ranks"],
-                  options=options, startup_s=startup_s, shutdown_s=time.perf_counter() - t1,
-                  **own_cpu)
-
-
+# --------------------------------------------------------------------------- tasks
 def _app(ranks: int):
     import hetflow
 
@@ -189,15 +73,7 @@ def _run_one(cfg, rec, progress, executor, *, repeat, ranks, rows_per_rank, op, 
     return row
 
 
-def cores() -> int:
-    return os.cpu_count() or 1
-
-
 # --------------------------------------------------------------------------- experiments
-def _executors(cfg) -> List[str]:
-    return [e for e in cfg.executors if e != BARE]
-
-
 def _run_cases(cfg, rec, progress, executor: str, cases: List[dict]) -> None:
     """Run each case (``_run_one`` keywords) in one session of ``executor``, or mark them not run."""
     with runtime_session(cfg, executor, rec, max(max(cfg.ranks), cores())) as session:
@@ -214,7 +90,7 @@ def run_scaling(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> Non
                   rows_per_rank=rows if cfg.rows_mode == "per_rank" else rows // ranks)
              for repeat in range(cfg.repeats) for rows in cfg.rows for ranks in cfg.ranks
              for op in cfg.ops]
-    for executor in _executors(cfg):
+    for executor in executors_of(cfg):
         _run_cases(cfg, rec, progress, executor, cases)
 
 
@@ -294,7 +170,7 @@ def run_pilot(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
     campaign = [(cfg.ops[i % len(cfg.ops)], cfg.ranks[i % len(cfg.ranks)],
                  cfg.rows[(i // len(cfg.ops)) % len(cfg.rows)]) for i in range(cfg.tasks)]
     pair = [(op, min(r, cores()), rows) for op, r, rows in pair]
-    for executor in _executors(cfg):
+    for executor in executors_of(cfg):
         with runtime_session(cfg, executor, rec, cores()) as session:
             if session is None:
                 progress.step(f"{executor}: not run", n=_pilot_tasks(cfg), skipped=True)
@@ -363,7 +239,7 @@ def run_peers(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
     dump_ranks = max(cfg.ranks)
     try:
         dumps = {}
-        for executor in _executors(cfg):
+        for executor in executors_of(cfg):
             with runtime_session(cfg, executor, rec, max(dump_ranks, cores())) as session:
                 if session is None:
                     progress.step(f"{executor}: not run",
@@ -425,7 +301,7 @@ def run_analytics(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> N
             root = tempfile.mkdtemp(prefix="hetflow-analytics-")
             try:
                 records = {}
-                for executor in _executors(cfg):
+                for executor in executors_of(cfg):
                     with runtime_session(cfg, executor, rec, max(ranks, cores())) as session:
                         note = f"{executor} ranks={ranks} rows={rows:,}"
                         if session is None:
@@ -497,73 +373,12 @@ def run_paper(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
     for repeat in range(cfg.repeats):
         cases = [dict(repeat=repeat, ranks=c["ranks"], rows_per_rank=c["rows_per_rank"],
                       op=c["op"], modes=list(c["modes"])) for c in _paper_cases(cfg)]
-        for executor in _executors(cfg):
+        for executor in executors_of(cfg):
             t0 = time.perf_counter()
             _run_cases(cfg, rec, progress, executor, cases)
             spent[executor] = spent.get(executor, 0.0) + time.perf_counter() - t0
     for executor, seconds in spent.items():
         rec.write(kind="executor_time", experiment=cfg.name, executor=executor, seconds=seconds)
-
-
-#: Runtimes whose ranks outlive a task (what one task imports, the next finds imported).
-PERSISTENT_RANKS = ("pool", "radical")
-
-
-def _pipeline_cases(cfg, executor: str) -> List[dict]:
-    """The pipeline's runs on ``executor``: "keep" only on the pool, and on equal rank counts."""
-    return [dict(repeat=repeat, rows_per_rank=rows, feature_ranks=ranks, mode=mode)
-            for repeat in range(cfg.repeats) for rows in cfg.rows for ranks in cfg.ranks
-            for mode in cfg.handoffs
-            if mode == "table" or (executor == "pool" and ranks == cfg.train_ranks)]
-
-
-def run_pipeline(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> None:
-    """features -> train -> evaluate, chained by futures, through each runtime (one row a run)."""
-    from hetflow.experiments.pipeline import run_chain
-
-    for executor in _executors(cfg):
-        cases = _pipeline_cases(cfg, executor)
-        slots = max(max(cfg.ranks), cfg.train_ranks, cores())
-        with runtime_session(cfg, executor, rec, slots) as session:
-            if session is None:
-                progress.step(f"{executor}: not run", n=len(cases), skipped=True)
-                continue
-            # A pilot's ranks pay torch's import and the first process group once; that
-            # belongs to its start-up, not to the first measured run. A batch runtime's
-            # tasks pay it every time, inside their stage times: no warm-up helps them.
-            warmup_s = None
-            if executor in PERSISTENT_RANKS:
-                t0 = time.perf_counter()
-                try:
-                    run_chain(feature_ranks=max(cfg.ranks), train_ranks=cfg.train_ranks,
-                              rows_per_rank=200, mode="table", epochs=1,
-                              batch_size=cfg.batch_size, hidden=cfg.hidden,
-                              timeout=TASK_TIMEOUT_S)
-                except Exception as exc:  # noqa: BLE001 - recorded; the runs say the rest
-                    rec.write(kind="error", experiment=cfg.name, executor=executor,
-                              stage="warm-up", error=_first_line(exc))
-                warmup_s = time.perf_counter() - t0
-            for case in cases:
-                note = (f"{executor} {case['mode']} ranks={case['feature_ranks']}->"
-                        f"{cfg.train_ranks} rows/rank={case['rows_per_rank']:,}")
-                try:
-                    result = run_chain(train_ranks=cfg.train_ranks, epochs=cfg.iterations,
-                                       batch_size=cfg.batch_size, hidden=cfg.hidden,
-                                       seed=case["repeat"], timeout=TASK_TIMEOUT_S,
-                                       feature_ranks=case["feature_ranks"],
-                                       rows_per_rank=case["rows_per_rank"], mode=case["mode"])
-                except Exception as exc:  # noqa: BLE001 - one failed run is a result row
-                    rec.write(kind="error", experiment=cfg.name, executor=executor,
-                              stage=f"pipeline {case['mode']}", repeat=case["repeat"],
-                              error=_first_line(exc))
-                    progress.step(note, error=True)
-                    continue
-                rec.write(kind="pipeline", experiment=cfg.name, executor=executor,
-                          startup_s=session["startup_s"], warmup_s=warmup_s,
-                          train_ranks=cfg.train_ranks,
-                          ranks=case["feature_ranks"], rows_per_rank=case["rows_per_rank"],
-                          repeat=case["repeat"], **result)
-                progress.step(note)
 
 
 RUNNERS: dict = {"weak": run_scaling, "strong": run_scaling, "overhead": run_overhead,
@@ -573,7 +388,7 @@ RUNNERS: dict = {"weak": run_scaling, "strong": run_scaling, "overhead": run_ove
 
 def planned_steps(cfg: ExperimentConfig) -> int:
     """Progress steps an experiment will take (tasks and peer runs)."""
-    n_exec = len(_executors(cfg))
+    n_exec = len(executors_of(cfg))
     if cfg.kind in ("weak", "strong"):
         return n_exec * _scaling_tasks(cfg)
     if cfg.kind == "overhead":
@@ -585,7 +400,7 @@ def planned_steps(cfg: ExperimentConfig) -> int:
     if cfg.kind == "paper":
         return n_exec * cfg.repeats * len(_paper_cases(cfg))
     if cfg.kind == "pipeline":
-        return sum(len(_pipeline_cases(cfg, e)) for e in _executors(cfg))
+        return sum(len(pipeline_cases(cfg, e)) for e in executors_of(cfg))
     per = cfg.repeats * len(cfg.rows) * len(cfg.ops)
     return n_exec * per * len(cfg.ranks) + per * len(cfg.peers)
 

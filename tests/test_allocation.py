@@ -11,7 +11,8 @@ pool page (docs/runtimes/pool.md) documents. Nothing may hang: every run has a t
 The subsets are chosen for CI time: on 2 nodes, a result, every world size (1-3
 ranks, so tasks span nodes), heterogeneous tasks at once, a raised exception, a
 walltime, a cancel and a rank killed from outside (then the next task); on 1 node,
-a result, the world sizes and the killed rank (not radical, see SHAPES).
+a result, the world sizes and the killed rank (radical: without the killed rank, see
+MODULES).
 """
 import json
 import os
@@ -43,11 +44,10 @@ OPTIONS = {
     "radical": {"startup_timeout": 240},
 }
 RUN_TIMEOUT_S = {"radical": 900}   # pilot start is slow (a busy 2-core machine: ~1 min)
-#: The allocations a runtime runs in (default: every one). radical's pilot start is the
-#: dearest part of these runs (~47 s of CI worker time on 1 node), and on 1 node its run
-#: took the path of the 2-node one (RP's SLURM resource manager in the allocation, Hydra
-#: given the node's name) with a subset of its tests: it runs on 2 nodes only.
-SHAPES = {"radical": ["2 nodes"]}
+#: The suite modules a run takes (each starts its runtime once). radical's pilot start is
+#: the dearest part of these runs, so on 1 node it runs the parity subset only: the
+#: killed rank (test_faults) and the worker's recycling are proven on 2 nodes.
+MODULES = {("radical", "1 node"): ["test_parity.py"]}
 
 
 #: Runtimes whose runs take the second partition (conftest.SECOND_PARTITION), in a chain of
@@ -68,8 +68,7 @@ def _allocation_param(name, shape):
 
 
 @pytest.mark.parametrize("name, shape", [_allocation_param(name, shape)
-                                         for name in OPTIONS
-                                         for shape in SHAPES.get(name, ALLOCATIONS)])
+                                         for name in OPTIONS for shape in ALLOCATIONS])
 def test_parity_and_faults_inside_an_allocation(name, shape, request):
     timeout = RUN_TIMEOUT_S.get(name, 480)
     options = {name: {"max_ranks": None, **OPTIONS[name]}}
@@ -79,7 +78,7 @@ def test_parity_and_faults_inside_an_allocation(name, shape, request):
            "timeout", "-k", "10", str(timeout),
            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--rootdir={ROOT}",
            "-c", os.path.join(ROOT, "pyproject.toml"),
-           "test_parity.py", "test_faults.py",
+           *MODULES.get((name, shape), ["test_parity.py", "test_faults.py"]),
            "-k", f"{name} and ({SUBSETS[shape].format(name=name)})", "-m", "not slurm"]
     env = {**os.environ, "HETFLOW_TEST_OPTIONS": json.dumps(options)}
     run = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, env=env,

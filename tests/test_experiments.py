@@ -307,6 +307,24 @@ def test_contention_experiment_reports_what_each_rank_got(tmp_path):
         assert paused == "0"   # only the radical task pauses anything, and only when asked
 
 
+def test_analytics_questions_pick_queries_by_name_or_a_part_naming_one():
+    # hetflow bench analytics --questions "median;sum v3": the subset the config runs
+    from hetflow.errors import ConfigError
+    from hetflow.experiments import cli, config
+
+    picked = cli.questions(" median ;sum v3;groupby id_lo (100)")
+    assert picked == ["median, std v3 by id4, id5 (int32)", "sum v3, count v1 by 6 keys",
+                      "groupby id_lo (100)"]
+    args = cli.build_parser("hetflow bench", "analytics").parse_args(
+        ["analytics", "--questions", "median"])
+    cfg = config.load("analytics").replace(queries=cli.questions(args.questions))
+    assert cfg.queries == ("median, std v3 by id4, id5 (int32)",)
+    assert config.load("analytics").replace(queries=cli.questions(None)).queries == ()
+    for bad in ("6 keys", "no such query", ""):   # two, none, every one
+        with pytest.raises(ConfigError, match="--questions"):
+            cli.questions(bad)
+
+
 @pytest.mark.timeout(400)
 def test_analytics_and_paper_scale_configs_run_small(tmp_path):
     # The two by-name benchmarks at a small size, into one results file: the analytics queries
