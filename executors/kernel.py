@@ -134,7 +134,7 @@ class Executor(ParslExecutor):
     #: monitoring asks; see :mod:`hetflow.executors.monitoring`).
     sample_s: Optional[float] = None
     _follower: Optional[rankio.Follower] = None     # set by start()
-    _node_root: Optional[str] = None
+    node_root: Optional[str] = None                 # this node's 0700 dir of the run (start())
 
     def __init__(self, label: str, *, max_ranks: Optional[int] = None,
                  gpus=None, max_bypass: int = 16, **parsl_options):
@@ -200,13 +200,13 @@ class Executor(ParslExecutor):
         from hetflow.executors.taskdir import private_dir
         private_dir(self.run_root)
         rankio.check_output(self.output)
-        self._node_root = rankio.node_root(self.run_root, self.label)
-        self._follower = rankio.Follower(self.label, self._node_root, self.run_root, self.output,
+        self.node_root = rankio.node_root(self.run_root, self.label)
+        self._follower = rankio.Follower(self.label, self.node_root, self.run_root, self.output,
                                          lambda: self.hang_warning_s, lambda: self.progress)
         try:
             self._start_runtime()
         except BaseException:
-            rankio.remove_node_root(self._node_root, self.run_root)
+            rankio.remove_node_root(self.node_root, self.run_root)
             raise
         self._queue.start()
 
@@ -302,8 +302,8 @@ class Executor(ParslExecutor):
             for task in list(self._live.values()):
                 self.finish(task, error=errors.shut_down(task.id, self.label))
             self._watch.close()
-            if self._node_root is not None:
-                rankio.remove_node_root(self._node_root, self.run_root)
+            if self.node_root is not None:
+                rankio.remove_node_root(self.node_root, self.run_root)
             self._queue.join(timeout=10)
 
     def parsl_config_options(self) -> dict:

@@ -109,7 +109,7 @@ def test_parsl_resource_monitoring_records_every_rank(tmp_path, name):
         assert done.result(timeout=120) == 64 * 2**20
         assert counted.options(ranks=1)(3).result(timeout=120) == 3
         samples = hetflow.task_samples(done)
-        files = dfk.executors[name]._node_root
+        files = dfk.executors[name].node_root
         left = [n for _, _, names in os.walk(files) for n in names if n.startswith("samples-")]
     assert left == []              # the sample files went with the task
     assert sorted(samples) == [0, 1]
@@ -149,7 +149,7 @@ def test_task_samples_without_parsl_monitoring(name):
         done = hold(0.5, 0)
         assert done.result(timeout=120) == 0
         samples = hetflow.task_samples(done)
-        files = dfk.executors[name]._node_root
+        files = dfk.executors[name].node_root
         left = [n for _, _, names in os.walk(files) for n in names if n.startswith("samples-")]
     assert sorted(samples) == [0, 1] and all(len(rows) >= 3 for rows in samples.values())
     for rows in samples.values():  # the ranks spin: their CPU seconds grow, sample by sample

@@ -33,7 +33,11 @@ TASKS = 200
 #: before this round, 605 before ``Resources.as_dict``); the margin is for what varies with
 #: timing (how many outcomes one broker wake-up reads).
 MAX_CALLS_PER_TASK = 455
-#: Writes to the broker's wake-up pipe per task (0.03 measured, 0.68 before).
+#: Writes to the broker's wake-up pipe per task from threads that hand it a finished task's
+#: successors (0.01-0.03 measured, 0.68 before the broker placed them itself). The thread
+#: that calls ``submit`` writes once per task it starts there (when the broker sleeps): how
+#: many find a free slot depends on how fast it submits against how fast tasks end, so
+#: that count is bounded by its posts, not per task (CI, loaded: 42 of 200).
 MAX_WAKE_WRITES_PER_TASK = 0.2
 
 
@@ -47,11 +51,16 @@ def test_a_no_op_task_costs_the_client_a_bounded_number_of_python_calls():
     counting = [False]
 
     writes = collections.Counter()          # thread name -> os.write calls
+    posts = collections.Counter()           # thread name -> Broker.post calls
+    from hetflow.executors.pool.broker import Broker
+    post = Broker.post.__code__
 
     def hook(frame, event, arg):
         if counting[0]:
             if event == "call":
                 counts[os.path.basename(frame.f_code.co_filename)] += 1
+                if frame.f_code is post:
+                    posts[threading.current_thread().name] += 1
             elif event == "c_call" and arg is os.write:
                 writes[threading.current_thread().name] += 1
 
@@ -70,8 +79,13 @@ def test_a_no_op_task_costs_the_client_a_bounded_number_of_python_calls():
     assert counts["dataclasses.py"] + counts["copy.py"] == 0, counts.most_common(15)
     assert per_task <= MAX_CALLS_PER_TASK, (per_task, counts.most_common(15))
     # The pool's only os.write per task is a post to the broker's wake-up pipe (thread names:
-    # which thread woke it).
-    assert sum(writes.values()) / TASKS <= MAX_WAKE_WRITES_PER_TASK, writes
+    # which thread woke it). The broker never writes to its own; a finished task's successors
+    # are placed without one; the submitting thread writes at most once a post (coalesced).
+    submitter = threading.current_thread().name
+    assert not any(name.endswith("-broker") for name in writes), writes
+    others = sum(n for name, n in writes.items() if name != submitter)
+    assert others / TASKS <= MAX_WAKE_WRITES_PER_TASK, (writes, posts)
+    assert writes[submitter] <= posts[submitter], (writes, posts)
 
 
 #: File-system calls (``os.*``) the client makes per task with output off and sampling off:

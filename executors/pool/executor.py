@@ -300,8 +300,8 @@ class PoolExecutor(Executor):
         known = {}
         for rank, slot_id in enumerate(task.slots):
             slot = slots.get(slot_id)
-            if slot is not None and slot.host == here and slot.pid and self._node_root:
-                known[rank] = (slot.pid, os.path.join(self._node_root, _rankio.process_stack_name(
+            if slot is not None and slot.host == here and slot.pid and self.node_root:
+                known[rank] = (slot.pid, os.path.join(self.node_root, _rankio.process_stack_name(
                     slot.world, slot.wrank, slot.pid)))
         return known
 
@@ -332,7 +332,7 @@ class PoolExecutor(Executor):
                 "HETFLOW_POOL_SYSPATH": os.pathsep.join(self.client_sys_path()),
                 "HETFLOW_POOL_CLIENT_PID": str(os.getpid()),
                 "HETFLOW_POOL_CLIENT_HOST": socket.gethostname(),
-                "HETFLOW_POOL_STACKS": self._node_root or "",
+                "HETFLOW_POOL_STACKS": self.node_root or "",
                 "HETFLOW_POOL_HEARTBEAT": str(self.heartbeat_s),
                 "HETFLOW_POOL_GPUS_PER_RANK": str(self.gpus_per_rank)}
 
