@@ -259,31 +259,3 @@ def test_narrow_integer_sums_are_exact_beyond_their_type(ranks):
     for (key, (s, m)), (key2, (ws, wm)) in zip(got, want):
         assert key == key2 and s == ws and m == pytest.approx(wm, rel=1e-15)
 
-
-REPEATED = r"""
-from mpi4py import MPI
-from hetflow import frame
-from frame_cases import random_part
-import mpiutil
-
-comm = MPI.COMM_WORLD
-t = frame.from_local(comm, random_part(5, comm.Get_rank(), null_rate=0, key_range=6))
-# var and std alone, beside a sum, and by the near-unique route (one group a row)
-specs = [{"v": "var"}, {"v": ["sum", "std"]}, {"f": ["var", "mean"]}]
-seen = [set() for _ in specs]
-for _ in range(40):
-    for i, spec in enumerate(specs):
-        got = t.groupby("k").agg(spec).local
-        seen[i].add(tuple(map(tuple, sorted(zip(*got.to_pydict().values()), key=repr))))
-mpiutil.report([len(s) for s in seen])
-"""
-
-
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_a_float_aggregation_gives_the_same_bits_every_time(ranks):
-    # polars' hash group-by of a var with 2 threads is not reproducible to the last bit
-    # (2-3 distinct results in 1,000 runs of one query, each 20-50% of them): asked again,
-    # hetflow's group-by must give the same bits (CI: a pycylon fallback's var differed from
-    # the CPU engine's in the last digit; here 40 repeats).
-    got = run_mpi(REPEATED, ranks, timeout=300, env={"POLARS_MAX_THREADS": "2"}).values(ranks)
-    assert all(counts == [1, 1, 1] for counts in got), got

@@ -113,7 +113,8 @@ for f in NEW_AGGS:
     name = f if isinstance(f, str) else f.name
     got = clean.groupby("k").agg({"v": ["sum", f]}, backend="pycylon")
     exp = clean.groupby("k").agg({"v": ["sum", f]}, backend="cpu")
-    results[f"groupby {name}"] = (got.backend, same_rows(got.local, exp.local))
+    # (a var's, std's or mean's last bits differ from run to run: polars' threads' order)
+    results[f"groupby {name}"] = (got.backend, same_rows(got.local, exp.local, rel=1e-12))
 # a column Cylon cannot split between ranks, key or not (bool, large_string)
 flags = frame.from_local(comm, clean.local.append_column(
     "b", pa.compute.greater(clean.local.column("v"), 0)))

@@ -251,7 +251,6 @@ class _Kernel:
         self.exprs, self.outs, self.after, self._added = [], [], [], {}
         self.numbered = False   # whether a result reads the rows' numbers
         self.holistic = False   # whether a result reads each group's rows (see _engine.grouped)
-        self.spread = False     # whether a result is a var's partial (see _engine.grouped)
 
     def col(self, col: pa.Array, how=_engine.decoded):
         """``col`` as ``how`` prepares it, a polars column (added once per column and way)."""
@@ -296,8 +295,7 @@ class _Kernel:
         first = [pl.col(_engine.ROW).first().alias("__first")] if by_row else []
         lazy = _engine.frame(self.columns, self.names, row=self.numbered or bool(by_row)).lazy()
         got = _engine.arrow(_engine.collect(_engine.grouped(
-            lazy, keys, self.keys, first + self.exprs, self.holistic, self.spread)
-            .with_columns(self.after)))
+            lazy, keys, self.keys, first + self.exprs, self.holistic).with_columns(self.after)))
         rows = _arrays._single(got.column("__first")) if by_row else None
         keys = [k.take(rows) if i in by_row else _arrays._single(got.column(f"k{i}")).cast(k.type)
                 for i, k in enumerate(self.keys)]
@@ -354,7 +352,7 @@ def _parts(k: _Kernel, p: Planned, cols: Sequence[pa.Array], merging: bool) -> N
     elif name in ("nlargest", "nsmallest"):
         _ranked(k, col, p.agg.n, name == "nlargest", merging)
     elif name in ("var", "std") and not merging:
-        x, k.spread = k.col(col).cast(pl.Float64), True
+        x = k.col(col).cast(pl.Float64)
         n = k.out(x.count().cast(pl.Float64))
         k.out(x.mean(), None, lambda c: c.fill_null(0.0))
         k.out(x.var(ddof=0), None, lambda c: (c * pl.col(n)).fill_null(0.0))

@@ -83,10 +83,10 @@ def _viewed(col):
 
 
 def collect(lazy):
-    """``lazy.collect()`` on polars' in-memory engine. (Its streaming engine, from polars
-    1.31, held less scratch in the group-by, 3.96x the partition against 5.9x for int64
-    keys, but its float reductions were not reproducible: a 2-rank ``var`` differed in the
-    last digit between runs, which the CPU path's results must not.)"""
+    """``lazy.collect()`` on polars' default engine (from polars 2, its streaming engine runs
+    the group-bys it can: 1.7-3.2x faster than the in-memory one, 5M rows, one thread). With
+    more than one thread, a float aggregation's last bits then depend on the order the
+    threads summed in, on either engine (see docs/engine.md): not reproducible run to run."""
     return lazy.collect()
 
 
@@ -96,16 +96,8 @@ def arrow(df) -> pa.Table:
     return out.combine_chunks() if any(c.num_chunks != 1 for c in out.columns) else out
 
 
-def grouped(lazy, names: Sequence[str], keys: Sequence[pa.Array], aggs, holistic: bool,
-            spread: bool = False):
+def grouped(lazy, names: Sequence[str], keys: Sequence[pa.Array], aggs, holistic: bool):
     """``lazy.group_by(names).agg(aggs)``, the key columns ``names`` holding ``keys``.
-
-    ``spread`` (a ``var`` among ``aggs``): without a holistic aggregation, grouped in the
-    rows' order (``maintain_order``). polars' hash group-by of a var with more than one
-    thread is not reproducible to the last bit (polars 2.1: 2-3 distinct results in 1,000
-    runs of one 50-row query on 2 threads; sums and means 1), and the CPU engine's results
-    must be; ordered, or beside a holistic one, polars reads each group's rows in order
-    (1 in 1,000). Cost, one thread, 5M rows: none at 100 groups, ~1.4x at 100k.
 
     ``holistic`` (an aggregation reads each group's rows: median, quantile, nunique): several
     null-free integer keys whose ranges' product stays below 2**62 are grouped by one int64
@@ -118,7 +110,7 @@ def grouped(lazy, names: Sequence[str], keys: Sequence[pa.Array], aggs, holistic
     pl = polars()
     spans = _key_spans(keys) if holistic else None
     if spans is None:
-        return lazy.group_by(list(names), maintain_order=spread and not holistic).agg(aggs)
+        return lazy.group_by(list(names)).agg(aggs)
     code, stride = pl.lit(0, pl.Int64), 1
     strides = []
     for name, (lo, span) in reversed(list(zip(names, spans))):
