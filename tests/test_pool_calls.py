@@ -46,6 +46,20 @@ def noop(comm):
     return None
 
 
+def _at_once(app):
+    """``(warm, run)`` for ``run_counted``: 10 tasks of ``app`` one after another, then
+    TASKS submitted at once and waited for (their values)."""
+    def warm():
+        for _ in range(10):
+            app().result()
+
+    def run():
+        futures = [app() for _ in range(TASKS)]
+        return [f.result(timeout=120) for f in futures]
+
+    return warm, run
+
+
 def test_a_no_op_task_costs_the_client_a_bounded_number_of_python_calls():
     counts = collections.Counter()
     counting = [False]
@@ -64,15 +78,7 @@ def test_a_no_op_task_costs_the_client_a_bounded_number_of_python_calls():
             elif event == "c_call" and arg is os.write:
                 writes[threading.current_thread().name] += 1
 
-    def warm():
-        for _ in range(10):
-            noop().result()
-
-    def run():
-        futures = [noop() for _ in range(TASKS)]
-        return [f.result(timeout=120) for f in futures]
-
-    values = run_counted(hook, counting, warm, run)
+    values = run_counted(hook, counting, *_at_once(noop))
     assert values == [None] * TASKS
     per_task = sum(counts.values()) / TASKS
     # No deep copy of a task's resources anywhere on the way (before: 2 per task).
@@ -133,15 +139,7 @@ def test_a_call_without_arguments_pickles_and_checks_them_once_per_app():
         if counting[0] and event == "call":
             counts[(os.path.basename(frame.f_code.co_filename), frame.f_code.co_name)] += 1
 
-    def warm():
-        for _ in range(10):
-            app().result()
-
-    def run():
-        futures = [app() for _ in range(TASKS)]
-        return [f.result(timeout=120) for f in futures]
-
-    assert run_counted(hook, counting, warm, run) == [None] * TASKS
+    assert run_counted(hook, counting, *_at_once(app)) == [None] * TASKS
     assert counts[("apps.py", "_pickled_arguments")] == 0, counts
     assert counts[("_pickling.py", "dumps")] == TASKS, counts        # the payload's
     checks = sum(c for (_, name), c in counts.items() if name == "check_resources")
