@@ -64,19 +64,30 @@ def test_a_no_op_task_costs_the_client_a_bounded_number_of_python_calls():
     counts = collections.Counter()
     counting = [False]
 
-    writes = collections.Counter()          # thread name -> os.write calls
+    writes = collections.Counter()          # thread name -> os.write calls in Broker.post
     posts = collections.Counter()           # thread name -> Broker.post calls
+    elsewhere = collections.Counter()       # (thread, file:function) -> other os.write calls
     from hetflow.executors.pool.broker import Broker
     post = Broker.post.__code__
 
     def hook(frame, event, arg):
         if counting[0]:
+            name = threading.current_thread().name
             if event == "call":
                 counts[os.path.basename(frame.f_code.co_filename)] += 1
                 if frame.f_code is post:
-                    posts[threading.current_thread().name] += 1
+                    posts[name] += 1
             elif event == "c_call" and arg is os.write:
-                writes[threading.current_thread().name] += 1
+                # A c_call's frame is its Python caller's: the pool's wake-up writes are the
+                # ones Broker.post makes. Others are not the pool's (a CI run once counted 58
+                # on the main thread with no post there, where this hook saw none in 11 runs
+                # quiet or loaded: e.g. a finalizer of an earlier test's object, run by the
+                # garbage collector on whichever thread allocates); they are only reported.
+                if frame.f_code is post:
+                    writes[name] += 1
+                else:
+                    code = frame.f_code
+                    elsewhere[name, f"{code.co_filename}:{code.co_name}"] += 1
 
     values = run_counted(hook, counting, *_at_once(noop))
     assert values == [None] * TASKS
@@ -88,10 +99,13 @@ def test_a_no_op_task_costs_the_client_a_bounded_number_of_python_calls():
     # which thread woke it). The broker never writes to its own; a finished task's successors
     # are placed without one; the submitting thread writes at most once a post (coalesced).
     submitter = threading.current_thread().name
-    assert not any(name.endswith("-broker") for name in writes), writes
+    assert not any(name.endswith("-broker") for name in writes), (writes, elsewhere)
     others = sum(n for name, n in writes.items() if name != submitter)
-    assert others / TASKS <= MAX_WAKE_WRITES_PER_TASK, (writes, posts)
-    assert writes[submitter] <= posts[submitter], (writes, posts)
+    assert others / TASKS <= MAX_WAKE_WRITES_PER_TASK, (writes, posts, elsewhere)
+    assert writes[submitter] <= posts[submitter], (writes, posts, elsewhere)
+    # No other write by the pool's code (its files are the package's executors/pool/).
+    pool_dir = os.path.dirname(Broker.post.__code__.co_filename)
+    assert not [where for _, where in elsewhere if where.startswith(pool_dir)], elsewhere
 
 
 #: File-system calls (``os.*``) the client makes per task with output off and sampling off:
