@@ -345,7 +345,9 @@ def test_analytics_and_paper_scale_configs_run_small(tmp_path):
     assert all(r["equal"] for r in tasks), [(r["executor"], r["op"], r["mismatch"])
                                             for r in tasks if not r["equal"]]
     assert {r["ranks"] for r in tasks if r["executor"] == "mpirun"} == {2}
-    assert all(r["peak_rss_mb"] > 0 and r["partition_mb"] > 0 for r in tasks)
+    # the peak memory: measured in a query's first run, on that run's row
+    assert all(r["peak_rss_mb"] > 0 and r["partition_mb"] > 0 for r in tasks if r["repeat"] == 0)
+    assert not any("peak_rss_mb" in r for r in tasks if r["repeat"] > 0)
     paper = [r for r in runs["paper"] if r["kind"] == "task"]
     assert {(r["op"], r["ranks"], r["rows_per_rank"]) for r in paper} == {
         (op, ranks, per) for op in ("join", "sort") for ranks, per in
@@ -359,13 +361,72 @@ def test_analytics_and_paper_scale_configs_run_small(tmp_path):
         tables.setdefault(section, (header, body))   # the section's own table, not the sessions
     header, body = tables["analytics"]
     assert [row[0] for row in body] == [q.name for q in QUERIES]
+    # the quick run times each query 3 times in each engine: every cell a median [min–max]
+    # over 3 runs, each run's load and others' CPU recorded, the ratio a number or "within noise"
+    assert {len([r for r in tasks if (r["executor"], r["op"]) == (e, q.name)])
+            for e in ("mpirun", "polars", "duckdb") for q in QUERIES} == {3}
+    assert all(isinstance(r["load1"], float) and r["others_cores"] >= 0 for r in tasks)
     ratio = header.index("hetflow / faster peer")
-    assert all(float(row[ratio].strip("*")) > 0 for row in body)
+    for row in body:
+        assert row[1] == "3/3/3"
+        assert all(re.fullmatch(r"[0-9.,]+ \[[0-9.,]+–[0-9.,]+\]( ‡)?", row[c]) for c in (2, 3, 4))
+        assert row[ratio] == "within noise" or float(row[ratio].strip("*")) > 0, row
     assert all(row[header.index("Equal")] == "yes" for row in body)
     header, body = tables["paper"]
     assert len(body) == 8  # weak: 1 and 2 ranks; strong: 1 and 2 ranks; join and sort each
     assert all(float(row[header.index("Peak / partition")]) > 0 for row in body)
     assert re.search(r"Run time: mpirun [0-9.]+ s; the whole experiment [0-9.]+ s\.", report)
+
+
+def test_analytics_table_gives_each_time_its_spread_and_calls_overlaps_within_noise(tmp_path):
+    # Issue 42 item 4 for the analytics table: each engine's runs of a query are results rows
+    # of their own (analytics.repeat_rows), each with the machine's load; a cell is the median
+    # [min–max] with n; the ratio to the faster peer is a ratio only where the ranges do not
+    # overlap, and a run on a busy machine marks its figure.
+    from hetflow.experiments import analytics
+    from hetflow.experiments.report import write_report
+
+    def record(times, busy=False):
+        return {"op_s": statistics.median(times), "op_times": times, "rows_out": 5,
+                "machine": [{"load1": 0.5 + i, "others_cores": 0.4 if busy else 0.01,
+                             "busy": busy} for i in range(len(times))],
+                "peak_rss_mb": 90.0, "partition_mb": 30.0, "peak_over_partition": 3.0,
+                "rss_before_mb": 60.0}
+
+    times = {"q overlaps": {"mpirun": [1.0, 1.1, 1.3], "polars": [1.2, 1.25, 1.4],
+                            "duckdb": [2.0, 2.1, 2.2]},
+             "q slower": {"mpirun": [3.0, 3.1, 3.2], "polars": [2.0, 2.1, 2.2],
+                          "duckdb": [5.0, 5.1, 5.2]}}
+    rows = [{"kind": "run", "experiment": "analytics", "run_id": "r1", "config": {
+        "kind": "analytics", "peers": ["polars", "duckdb"], "executors": ["mpirun"],
+        "rows": [100], "ranks": [2]}}]
+    for q, engines in times.items():
+        for engine, ts in engines.items():
+            peer = engine != "mpirun"
+            for row in analytics.repeat_rows(record(ts, busy=(q, engine) == ("q slower",
+                                                                             "duckdb"))):
+                rows.append({**row, "kind": "task", "experiment": "analytics", "run_id": "r1",
+                             "executor": engine, "op": q, "rows": 100, "ranks": 1 if peer else 2,
+                             "threads": 2 if peer else None, "equal": True})
+    assert [r["repeat"] for r in rows[1:4]] == [0, 1, 2]
+    assert "peak_rss_mb" in rows[1] and "peak_rss_mb" not in rows[2]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = open(write_report(str(results), plots=False)).read()
+    (_, header, body), = [t for t in _tables(report) if t[0] == "analytics"]
+    cells = {row[0]: dict(zip(header, row)) for row in body}
+    overlap, slower = cells["q overlaps"], cells["q slower"]
+    assert overlap["n (hetflow/polars/duckdb)"] == "3/3/3"
+    assert overlap["hetflow 2 ranks (s)"] == "1.10 [1.00–1.30]"
+    assert overlap["polars (s)"] == "1.25 [1.20–1.40]"
+    assert overlap["hetflow / faster peer"] == "within noise"
+    assert slower["hetflow / faster peer"] == "**1.48**"        # 3.1 / 2.1, ranges apart
+    assert slower["duckdb (s)"] == "5.10 [5.00–5.20] ‡"
+    assert overlap["Load (1 min)"] == "1.50 [0.500–2.50]"
+    assert slower["Others' CPU (cores)"].endswith("‡")
+    assert overlap["hetflow peak RSS per rank (MiB)"] == "90.0"
+    assert ("over 2 queries: 1 within noise, 0 faster beyond noise, 1 slower beyond noise "
+            "(ratios 1.48–1.48)") in report
 
 
 def test_analytics_checks_catch_a_wrong_result():
