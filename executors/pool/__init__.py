@@ -3,7 +3,9 @@
 - :mod:`.executor` — :class:`PoolExecutor`: the kernel's hooks and the pool's options.
 - :mod:`.wire` — the messages between the pool and its ranks, and their signatures.
 - :mod:`.worlds` — the MPI worlds and their ranks (slots): launching, registering, liveness.
+- :mod:`.broker` — the broker thread: the message loop, the only owner of worlds and socket.
 - :mod:`.faults` — who fails, who re-runs and what is replaced when ranks are lost.
+- :mod:`.reshape` — the drain and restart as one world when a task fits in no world.
 - :mod:`.scheduler` — placement over slots grouped by MPI world.
 - :mod:`.worker` — one rank of a world (``python -m hetflow.executors.pool.worker``).
 

@@ -56,6 +56,7 @@ from hetflow.executors.kernel import Executor, Task
 from hetflow.executors.launch import default_mpiexec
 from hetflow.executors.pool import wire
 from hetflow.executors.pool.broker import Broker
+from hetflow.executors.pool.reshape import launch_full
 from hetflow.executors.pool.scheduler import PoolScheduler
 from hetflow.executors.pool.worlds import Slot, World, Worlds, launcher_prefix
 from hetflow.executors.providers import Provider, runtime_place
@@ -225,7 +226,7 @@ class PoolExecutor(Executor):
                                       hostfile=self.hostfile)))
         self.endpoint = self._broker.endpoint
         self._mpi = self._broker.mpi
-        self._broker.launch_full()
+        launch_full(self._broker)
         self._thread = self._broker.thread
         self._thread.start()
         with waiting("the pool's ranks to register"):

@@ -154,6 +154,7 @@ def lose(broker, slot_ids: List[int], why: str, *, collateral: bool = False,
                            f"{slots[plan.dead[task_id][0]].world} went down ({why}); "
                            f"re-queued (attempt {task.handle.requeues + 1})")
         broker.tasks.pop(task_id, None)
+        broker.unpark(task_id)
         broker.pool.requeue(task)
     if plan.lost and not broker.pool.stopping and not broker.consolidating:
         # The replacement's ranks take over the lost ranks' cores and devices (these

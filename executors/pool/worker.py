@@ -9,7 +9,8 @@ tasks never wait on each other) and runs the shared :func:`run_on_rank` on it.
 A second thread answers heartbeats and obeys "kill" orders: a rank stuck in a
 collective (walltime, cancel, a dead peer) cannot be interrupted inside MPI, so
 the pool ends the process and replaces it. Blocking receives everywhere: an idle
-rank uses no CPU.
+rank uses no CPU; a rank waiting for its peers (to make a communicator, to start a
+task) sleeps between polls (``_rank.wait``), where MPI's blocking calls busy-poll.
 
 The process the launcher starts forks at once: the child is the MPI rank, the
 parent only waits for it and writes how it ended (``status-<pid>.json`` in the
@@ -123,10 +124,12 @@ def main(argv=None) -> int:
 
     from hetflow import resident
     from hetflow.executors._mpishm import forget_mpi_shm_names
-    from hetflow.executors._rank import bind_threads, kept_comms, release_comm, run_on_rank
+    from hetflow.executors._rank import (bind_threads, duplicate, group_comm, kept_comms,
+                                         release_comm, run_on_rank)
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
+    meeting = duplicate(world)             # for group_comm's meetings alone (asleep: its wait)
     forget_mpi_shm_names(world, statedir)  # a world the pool kills leaves nothing in /dev/shm
     real_exit = os._exit                   # the worker's own exits are not deaths to record
     statedir.record_deaths(rank)           # evidence if a task kills this process
@@ -189,11 +192,9 @@ def main(argv=None) -> int:
             if len(ranks) == 1:
                 comm = MPI.COMM_SELF             # run_on_rank's duplicate of it is freed
             else:
-                group = world.group.Incl(list(ranks))
-                comm = world.Create_group(group)
-                group.Free()
+                comm = group_comm(world, meeting, ranks)
                 if cache:
-                    user = comm.Dup()
+                    user = duplicate(comm)
             if cache:
                 comms[ranks] = (generation, comm, user)
         bind_threads(cores_per_rank)
