@@ -20,8 +20,10 @@ Data and queries: :mod:`hetflow.experiments.analytics_data`; checks:
 Each engine runs in a process of its own (so its peak memory is its own): hetflow on R ranks of
 an MPI task (:func:`hetflow_task`), polars and DuckDB limited to R threads
 (``python -m hetflow.experiments.analytics '{json}'``). A query's time is the median of
-``repeats`` runs (hetflow: ``barrier; t0; query; barrier; t1``); its peak is the process's
-peak resident set during the query's first run (Linux's ``VmHWM``, reset before it). A
+``repeats`` runs (hetflow: ``barrier; t0; query; barrier; t1``), each run's time kept
+(``op_times``) with the machine's load and the CPU of every other process during it
+(``machine``; the runner writes one results row per run, :func:`repeat_rows`); its peak is the
+process's peak resident set during the query's first run (Linux's ``VmHWM``, reset before it). A
 group-by's result is written to an Arrow file and compared across engines after sorting by
 its keys (floats to a relative 1e-9); a join's result, too large to keep, is summarised by an
 order-independent digest (row count and two sums of row hashes over every column's values),
@@ -34,7 +36,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Dict, Sequence
+from typing import Dict, List, Sequence
 
 from hetflow.experiments.analytics_check import (check, combine_digests, compare, digest,
                                                  read_result, write)
@@ -45,14 +47,26 @@ from hetflow.experiments.engine_memory import (peak_rss_mib, release_free_heap, 
 
 #: What callers use from here (the runner, the tests).
 __all__ = ["AGGS", "FULL_ROWS", "MEASURES", "QUERIES", "Query", "check", "combine_digests",
-           "compare", "digest", "hetflow_task", "peer_environment", "peer_run", "read_result"]
+           "compare", "digest", "hetflow_task", "peer_environment", "peer_run", "read_result",
+           "repeat_rows"]
 
 
-def _timed(run, repeats: int, barrier=None):
-    """(median seconds, peak MiB of the first run, resident MiB before it, result of the last)."""
-    times, peak, before, out = [], 0.0, 0.0, None
+def _watch(ranks=(), own=None):
+    """Start watching what else the machine does (``experiments/machine.py``); a function that
+    stops and returns ``load1``, ``others_cores``, ``op_runtime_cores`` and ``busy``."""
+    from hetflow.experiments.machine import Window
+
+    window = Window().start()
+    return lambda: window.stop(ranks=ranks, own=own)
+
+
+def _timed(run, repeats: int, barrier=None, watch=None):
+    """(seconds of each run, peak MiB of the first run, resident MiB before it, what else the
+    machine did during each run (``watch``'s, or nothing), result of the last)."""
+    times, machine, peak, before, out = [], [], 0.0, 0.0, None
     for i in range(repeats):
         out = None
+        stop = watch() if watch else None
         if barrier:
             barrier()
         if i == 0:
@@ -65,7 +79,32 @@ def _timed(run, repeats: int, barrier=None):
         times.append(time.perf_counter() - t0)
         if i == 0:
             peak = peak_rss_mib()
-    return statistics.median(times), peak, before, out
+        if stop:
+            machine.append(stop())
+    return times, peak, before, machine, out
+
+
+#: Fields of a query's record that its first run alone measures (its peak memory).
+FIRST_RUN = ("peak_rss_mb", "peak_over_partition", "partition_mb", "rss_before_mb")
+
+
+def repeat_rows(record: dict) -> List[dict]:
+    """A query's record as one results row per run: its time (``op_s``) and what else the
+    machine did meanwhile (``load1``, ``others_cores``, ``busy``); the first run's row also
+    carries the peak memory. A record without per-run times stays one row."""
+    times, machine = record.get("op_times"), record.get("machine") or []
+    if not times:
+        return [dict(record)]
+    common = {k: v for k, v in record.items()
+              if k not in ("op_times", "machine", "op_s") + FIRST_RUN}
+    rows = []
+    for i, seconds in enumerate(times):
+        row = {**common, "repeat": i, "op_s": seconds,
+               **(machine[i] if i < len(machine) else {})}
+        if i == 0:
+            row.update({k: record[k] for k in FIRST_RUN if k in record})
+        rows.append(row)
+    return rows
 
 
 def _hetflow_spec(q: Query) -> dict:
@@ -101,6 +140,10 @@ def hetflow_task(comm, rows: int, repeats: int, out_dir: str, queries: Sequence[
     for big in bigs.values():   # warm-up: the engine's code paged in
         frame.groupby(frame.from_local(comm, big.slice(0, 10)), big.column_names[0]).agg(
             {big.column_names[-1]: "sum"})
+    # rank 0 watches the machine around each run: the load, and the CPU of every process
+    # other than the ranks and their runtime's
+    pids = comm.allgather(os.getpid())
+    watch = (lambda: _watch(ranks=pids)) if rank == 0 else None
     records = {}
     for i, q in selected:
         big = bigs[q.table]
@@ -115,7 +158,7 @@ def hetflow_task(comm, rows: int, repeats: int, out_dir: str, queries: Sequence[
         else:
             spec, table = _hetflow_spec(q), tables[q.table]
             run = lambda q=q, spec=spec, table=table: table.groupby(list(q.by)).agg(spec)  # noqa: E731
-        seconds, peak, before, out = _timed(run, repeats, lambda: barrier(comm))
+        times, peak, before, machine, out = _timed(run, repeats, lambda: barrier(comm), watch)
         partition = big.nbytes + (right_local.nbytes if right_local is not None else 0)
         mine = {"peak_mb": peak, "before_mb": before, "partition_mb": partition / 2**20,
                 "rows_out": out.local.num_rows, "backend": out.backend}
@@ -130,7 +173,8 @@ def hetflow_task(comm, rows: int, repeats: int, out_dir: str, queries: Sequence[
         if rank == 0:
             worst = max(every, key=lambda m: m["peak_mb"] / max(m["partition_mb"], 1e-9))
             records[q.name] = {
-                "op_s": seconds, "peak_rss_mb": max(m["peak_mb"] for m in every),
+                "op_s": statistics.median(times), "op_times": times, "machine": machine,
+                "peak_rss_mb": max(m["peak_mb"] for m in every),
                 "peak_over_partition": worst["peak_mb"] / max(worst["partition_mb"], 1e-9),
                 "partition_mb": max(m["partition_mb"] for m in every),
                 "rss_before_mb": max(m["before_mb"] for m in every),
@@ -220,11 +264,13 @@ def peer_run(engine: str, rows: int, repeats: int, out_dir: str, threads: int = 
     for i, q in selected:
         right = dimension(q, rows) if q.is_join else None
         run = join(q, right) if q.is_join else groupby(q)
-        seconds, peak, before, out = _timed(run, repeats)
+        times, peak, before, machine, out = _timed(
+            run, repeats, watch=lambda: _watch(own={os.getpid()}))
         result = to_arrow(q, out)
         del out
         partition = bigs[q.table].nbytes + (right.nbytes if right is not None else 0)
-        records[q.name] = {"op_s": seconds, "peak_rss_mb": peak, "rss_before_mb": before,
+        records[q.name] = {"op_s": statistics.median(times), "op_times": times,
+                           "machine": machine, "peak_rss_mb": peak, "rss_before_mb": before,
                            "partition_mb": partition / 2**20,
                            "peak_over_partition": peak / (partition / 2**20),
                            "rows_out": result.num_rows, "gen_s": gen_s,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Tuple
 
-from hetflow.experiments import noise, owncpu, report_pipeline
+from hetflow.experiments import analytics_report, noise, owncpu, report_pipeline
 from hetflow.experiments.report_plots import plot_overhead, plot_peers, plot_pilot, plot_scaling
 from hetflow.experiments.report_table import (executors_in, fmt, group, latest_runs, load_rows,
                                               median, ranks_label, stat, table, values)
@@ -214,67 +214,6 @@ def _peers(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
     return lines, plot_peers(tasks, execs, out_dir, stem, hetflow_execs)
 
 
-def _analytics(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
-    tasks = [r for r in rows if r.get("kind") == "task"]
-    cfg = run.get("config", {})
-    peers = [p for p in (cfg.get("peers") or []) if any(r["executor"] == p for r in tasks)]
-    hetflow_execs = [e for e in executors_in(tasks, run) if e not in peers]
-    queries = []
-    for r in tasks:
-        if r["op"] not in queries:
-            queries.append(r["op"])
-    lines = []
-    for executor in hetflow_execs:
-        for (rows_n, ranks), grp in sorted(group([r for r in tasks if r["executor"] == executor],
-                                                  "rows", "ranks").items()):
-            body, ratios = [], []
-            for q in queries:
-                mine = [r for r in grp if r["op"] == q]
-                theirs = {p: [r for r in tasks if r["executor"] == p and r["op"] == q
-                              and r["rows"] == rows_n and r.get("threads") == ranks] for p in peers}
-                if not mine:
-                    continue
-                h = median(mine, "op_s")
-                best = min((median(v, "op_s") for v in theirs.values() if median(v, "op_s")),
-                           default=None)
-                ratio = h / best if h is not None and best else None
-                if ratio is not None:
-                    ratios.append(ratio)
-                every = mine + [r for v in theirs.values() for r in v]
-                equal = "yes" if all(r.get("equal") for r in every) else "**no**: " + "; ".join(
-                    f"{r['executor']}: {r.get('mismatch')}" for r in every if not r.get("equal"))
-                body.append([q, fmt(h)] + [fmt(median(theirs[p], "op_s")) for p in peers] + [
-                    f"**{ratio:.2f}**" if ratio is not None and ratio > 1 else
-                    (f"{ratio:.2f}" if ratio is not None else "–"),
-                    fmt(median(mine, "peak_rss_mb")), fmt(median(mine, "partition_mb")),
-                    fmt(median(mine, "peak_over_partition")),
-                    fmt(median([{"d": r["peak_rss_mb"] - r["rss_before_mb"]} for r in mine
-                                if "rss_before_mb" in r], "d"))]
-                    + [fmt(median(theirs[p], "peak_rss_mb")) for p in peers]
-                    + [f"{mine[0].get('rows_out', 0):,}", equal])
-            lines += [f"{rows_n:,} rows, hetflow at {ranks} ranks through `{executor}` against "
-                      f"{', '.join(peers)} on {ranks} threads each:", ""]
-            lines += table(["Query", f"hetflow {ranks} ranks (s)"] + [f"{p} (s)" for p in peers]
-                            + ["hetflow / faster peer", "hetflow peak RSS per rank (MiB)",
-                               "partition per rank (MiB)", "peak / partition",
-                               "hetflow peak above its resident set before (MiB)"]
-                            + [f"{p} peak RSS (MiB)" for p in peers] + ["Rows out", "Equal"], body)
-            if ratios:
-                lines += [f"hetflow / faster peer: {min(ratios):.2f}–{max(ratios):.2f} over "
-                          f"{len(ratios)} queries, {sum(r <= 1.0 for r in ratios)} at or below 1.0.",
-                          ""]
-    lines += ["Times: median over the run's repeats of each query (hetflow: `barrier; t0; query; "
-              "barrier; t1`; peers: the query materialised as a table), data already in memory. "
-              "Peak RSS: the process's peak resident set during the query's first run (reset "
-              "before it), the input included; partition: the rank's part of the big table (all "
-              "its columns) plus its part of the query's right-hand table; peak above: the "
-              "query's own memory, the peak less the resident set just before the query. "
-              "Equal: group-by results compared with the "
-              "first peer's after sorting by the keys (floats to a relative 1e-9), join results by "
-              "an order-independent digest of every row.", ""]
-    return lines, []
-
-
 #: The paper's bare-metal Cylon figures on Summit (rows per second per rank), by (mode, op).
 #: Empty: they were not found in the sources this project could reach (the report says so);
 #: figures are added here only as read from the paper.
@@ -346,7 +285,8 @@ def _paper(run, rows, out_dir, stem) -> Tuple[List[str], List[str]]:
 
 
 SECTIONS = {"weak": _scaling, "strong": _scaling, "overhead": _overhead, "pilot": _pilot,
-            "peers": _peers, "analytics": _analytics, "paper": _paper, "pipeline": report_pipeline.section}
+            "peers": _peers, "analytics": analytics_report.section, "paper": _paper,
+            "pipeline": report_pipeline.section}
 
 
 # --------------------------------------------------------------------------- entry

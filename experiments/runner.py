@@ -337,11 +337,13 @@ def run_analytics(cfg: ExperimentConfig, rec: Recorder, progress: Progress) -> N
                     hetflow_run = engine not in cfg.peers
                     for name, record in recs.items():
                         mismatch = checks.get(engine, {}).get(name, "not checked")
-                        rec.write(**{**record, **dict(
-                            kind="task", experiment=cfg.name, executor=engine, op=name,
-                            ranks=ranks if hetflow_run else 1, threads=None if hetflow_run else ranks,
-                            rows=rows, repeats=cfg.repeats, reference=reference,
-                            equal=mismatch is None, mismatch=mismatch)})
+                        for row in analytics.repeat_rows(record):   # one row per run
+                            rec.write(**{**row, **dict(
+                                kind="task", experiment=cfg.name, executor=engine, op=name,
+                                ranks=ranks if hetflow_run else 1,
+                                threads=None if hetflow_run else ranks, rows=rows,
+                                repeats=cfg.repeats, reference=reference,
+                                equal=mismatch is None, mismatch=mismatch)})
             finally:
                 shutil.rmtree(root, ignore_errors=True)
 
