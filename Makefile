@@ -18,7 +18,8 @@ OMPI_MPIEXEC ?= /usr/bin/mpiexec.openmpi
 TORCH_CPU ?= torch==2.13.0
 WHEELS ?= $(or $(PIP_FIND_LINKS),/opt/wheels)
 
-.PHONY: demo test test-main test-lowest test-openmpi openmpi chromium slurm-up slurm-down
+.PHONY: demo test test-main install-main pytest-main test-later test-later-logged test-lowest \
+	test-openmpi openmpi chromium slurm-up slurm-down
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -33,22 +34,49 @@ demo: $(PY)
 	$(PY) -m pip install -q '.[mpich]'
 	$(VENV)/bin/hetflow demo
 
-# Everything CI runs (.ci/run): the whole suite, then, side by side, the lowest declared
-# versions and Open MPI as a second MPI (the first waits mostly on Slurm's queue, the second
-# uses no Slurm; each one's output is printed whole when it ends).
-test: test-main
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-lowest test-openmpi
+# Everything CI runs (.ci/run): the whole suite (test-main) and, beside it from its start, Open
+# MPI as a second MPI, then the lowest declared versions (test-later). test-main is the
+# critical path: its three workers are handed work until its end (xdist's hand-out replayed
+# with CI's test times ends them within 5 s of each other; .ci/timeline JUNIT shows a run's),
+# so run after it the other two added their whole ~140 s to the wall. Beside it they are one
+# pytest process at a time, -n 1, and end well before it (measured, n=1 each: test-openmpi
+# 150 s and 53 CPU s, test-lowest 284 s and 160 CPU s, at load 6-96; make test-later 345 s
+# with its installs and 185 CPU s, at load 10-17). The CPU they take is taken from test-main,
+# which uses about one of the two cores (CI: ~14 of the run's 18 CPU minutes in its ~13).
+# Open MPI's, the lighter, runs while test-main starts its pilots. test-main's output is live;
+# test-later's goes to $(LATER_LOG), printed whole once both end. The installs run one at a
+# time (each builds hetflow from this directory).
+test: install-main
+	@rc=0; $(MAKE) --no-print-directory -j2 pytest-main test-later-logged || rc=$$?; \
+	  echo "== make test-later (ran beside test-main; $(LATER_LOG)) =="; \
+	  cat $(LATER_LOG); exit $$rc
+
+LATER_LOG ?= $(VENV)/test-later.log
+LATER_XDIST ?= -n 1
+# Both run, and it fails if either failed.
+test-later: $(UV)
+	@rc=0; $(MAKE) --no-print-directory test-openmpi XDIST="$(LATER_XDIST)" || rc=1; \
+	  $(MAKE) --no-print-directory test-lowest XDIST="$(LATER_XDIST)" || rc=1; exit $$rc
+
+test-later-logged:
+	@$(MAKE) --no-print-directory test-later > $(LATER_LOG) 2>&1
 
 # The whole suite on a plain install, checked to be the one imported (the tests must not
 # pass by reading the source tree). uv installs it in ~5 s where pip took ~35 s; hetflow
 # itself is always rebuilt (uv would reuse a cached build of this directory). The remapped
 # hetflow.executors package must import both ways: test-openmpi runs on an editable install.
-# JUNIT=path also writes every test's time there (pytest's JUnit XML).
-test-main: chromium $(UV)
+# JUNIT=path also writes every test's time, worker and start there (pytest's JUnit XML;
+# .ci/timeline JUNIT shows each worker's span).
+test-main: install-main
+	$(MAKE) --no-print-directory pytest-main
+
+install-main: chromium $(UV)
 	$(UV) pip install -q --compile-bytecode --python $(PY) --find-links $(WHEELS) '$(TORCH_CPU)'
 	$(UV) pip install -q --compile-bytecode --reinstall-package hetflow --python $(PY) '.[test]'
 	$(PY) -c "import torch; print('torch', torch.__version__)"
 	cd tests && ../$(PY) -c "import hetflow.executors.mpirun as m; assert 'site-packages' in m.__file__, m.__file__"
+
+pytest-main:
 	$(call PYTEST,$(VENV)) --durations=25 $(if $(JUNIT),--junitxml=$(JUNIT))
 
 # The declared floors are tested: every direct dependency at the lowest version

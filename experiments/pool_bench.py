@@ -4,7 +4,9 @@ Runs, through the normal ``mpi_app`` + Parsl DFK path, on each runtime in turn:
 - latency: N no-op 2-rank tasks one after another; per-task overhead is the mean
   of TaskTimes.overhead_s (submit to delivery, minus time in the function);
 - throughput: N no-op 2-rank tasks submitted at once; tasks/s over the whole batch.
-Prints one table and the ratios against mpirun. Never fails on a time: it only reports.
+Prints one table, then each runtime's sequential overhead by part (mean, median, p95: which
+part makes the mean exceed the median) with the client's garbage collections meanwhile, and
+the ratios against mpirun. Never fails on a time: it only reports.
 
 ``--auth``: the pool with its message signing on (the default) against the same
 build with ``authenticate=False``, in one run, alternating the two ``--rounds``
@@ -17,6 +19,7 @@ writing to /dev/null) against ``output="off"``, each rank printing one line per 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -41,16 +44,21 @@ def measure(name: str, n: int, options: dict, app=noop) -> dict:
     with hetflow.runtime(name, **options) as dfk:
         start_s = time.perf_counter() - t0
         app().result()                                       # warm: imports on the ranks
-        overheads = []
+        overheads, parts = [], []
         cpu = RuntimeCPU(dfk.hetflow_token)    # the CPU of the client and all it started
+        collections = gc.get_stats()
         cpu.start()
         t = time.perf_counter()
         for _ in range(n):
             fut = app()
             fut.result()
-            overheads.append(hetflow.task_times(fut).overhead_s)
+            times = hetflow.task_times(fut)
+            overheads.append(times.overhead_s)
+            parts.append(_parts(times))
         sequential_s = time.perf_counter() - t
         cpu_ms = 1e3 * cpu.stop()["cpu_s"] / n
+        collected = [b["collections"] - a["collections"]
+                     for a, b in zip(collections, gc.get_stats())]
         t = time.perf_counter()
         futs = [app() for _ in range(n)]
         for fut in futs:
@@ -60,7 +68,33 @@ def measure(name: str, n: int, options: dict, app=noop) -> dict:
             "overhead_ms": 1e3 * statistics.mean(overheads),
             "overhead_p50_ms": 1e3 * statistics.median(overheads),
             "sequential_ms": 1e3 * sequential_s / n, "cpu_ms": cpu_ms,
-            "tasks_per_s": n / batch_s}
+            "tasks_per_s": n / batch_s, "gc_collections": collected,
+            "parts_ms": {name: [1e3 * p[i] for p in parts] for i, name in enumerate(PARTS)}}
+
+
+#: Where a sequential task's overhead goes (``TaskTimes``): the client until its ranks were
+#: sent it, until rank 0 entered the function (delivery, unpickling, waiting for its peers),
+#: from rank 0's return until the client had every rank's outcome, and until the future's
+#: result was set. Their means against their medians say which part makes the slow tail.
+PARTS = ("submit->sent", "sent->rank 0 in", "rank 0 out->all back", "all back->delivered")
+
+
+def _parts(times) -> tuple:
+    back = max(times.returned.values(), default=float("nan"))
+    return (times.launched - times.submitted, times.started - times.launched,
+            back - times.finished, times.delivered - back)
+
+
+def print_parts(row: dict) -> None:
+    """The overhead's parts (mean, p50, p95 in ms) and the client's collections by generation."""
+    print(f"{row['runtime']}: overhead by part, ms (mean / p50 / p95); the client's garbage "
+          f"collections by generation over the {len(row['parts_ms'][PARTS[0]])} tasks: "
+          f"{row['gc_collections']}")
+    for name, values in row["parts_ms"].items():
+        values = [v for v in values if v == v]          # a runtime without the stamp: NaN
+        if len(values) >= 2:
+            print(f"  {name:22} {statistics.mean(values):7.3f} {statistics.median(values):7.3f} "
+                  f"{statistics.quantiles(values, n=20)[18]:7.3f}")
 
 
 @hetflow.mpi_app(ranks=1)
@@ -281,6 +315,8 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['runtime']:10} {r['start_s']:8.2f} {r['overhead_ms']:12.2f} "
               f"{r['overhead_p50_ms']:8.2f} {r['sequential_ms']:12.2f} {r['tasks_per_s']:9.1f}")
+    for r in rows:
+        print_parts(r)
     base = next((r for r in rows if r["runtime"] == "mpirun"), None)
     if base:
         for r in rows:

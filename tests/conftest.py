@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Optional
 
 import pytest
@@ -186,6 +187,10 @@ def xdist_group_of(item) -> Optional[str]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
+    # Where and when each test ran, as properties in the JUnit XML (make test-main
+    # JUNIT=path): .ci/timeline reads them to show each worker's last tests.
+    item.user_properties += [("worker", os.environ.get("PYTEST_XDIST_WORKER", "-")),
+                             ("start", f"{time.time():.2f}")]
     if item.get_closest_marker("slurm") is not None:
         require_slurm()
 

@@ -76,3 +76,31 @@ def test_a_rank_waits_for_a_late_peer_asleep():
     assert ok0 and ok1, run
     assert max(early) <= MAX_WAITING_CPU_S, \
         f"rank 0 used {early} CPU s waiting {LATE_S} s for rank 1 (make, then duplicate)"
+
+
+@hetflow.mpi_app(ranks=2)
+def rank_one_sleeps(comm, seconds):
+    import time
+
+    if comm.Get_rank() == 1:
+        time.sleep(seconds)
+    return comm.Get_rank()
+
+
+@hetflow.mpi_app(ranks=1)
+def quick(comm):
+    return "quick"
+
+
+def test_a_rank_back_before_its_peer_is_not_kept_from_other_tasks(tmp_path):
+    # The broker keeps a rank back from a 2-rank task off the queue for its peer at most
+    # PARK_S (50 ms): a 1-rank task queued behind a task whose rank 1 runs 3 s more than its
+    # rank 0 runs on rank 0's slot meanwhile, and is delivered first.
+    with hetflow.runtime("pool", max_ranks=2, output="off", run_dir=str(tmp_path),
+                         progress=False):
+        quick().result(timeout=60)
+        slow = rank_one_sleeps(3.0)
+        fast = quick()
+        assert fast.result(timeout=60) == "quick"
+        assert not slow.done(), "the 1-rank task waited for the 2-rank task's slow rank"
+        assert slow.result(timeout=60) == 0              # rank 0's value
