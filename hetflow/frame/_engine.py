@@ -84,9 +84,9 @@ def _viewed(col):
 
 def collect(lazy):
     """``lazy.collect()`` on polars' default engine (from polars 2, its streaming engine runs
-    the group-bys it can: 1.7-3.2x faster than the in-memory one, 5M rows, one thread). With
-    more than one thread, a float aggregation's last bits then depend on the order the
-    threads summed in, on either engine (see docs/engine.md): not reproducible run to run."""
+    the group-bys it can: 1.7-3.2x faster than the in-memory one, 5M rows, one thread). A
+    float aggregation's last bits then depend on the order its partial sums were combined in,
+    which varies from run to run, at one thread too (see docs/engine.md)."""
     return lazy.collect()
 
 
