@@ -3,7 +3,8 @@ group on a rank (:func:`part_names`), and the kernels that compute those partial
 them and read results from them, on the compiled engine (:mod:`hetflow.frame._engine`). How
 they distribute: :mod:`hetflow.frame._groupby`.
 
-Each kernel is one polars ``group_by(keys).agg(...)`` over the rank's Arrow columns. The key
+Each kernel is one polars ``group_by(keys).agg(...)`` over the rank's Arrow columns, or, for
+sums, means, counts, minima and maxima of many groups, :mod:`hetflow.frame._dense`. The key
 columns are read back from the rows where each group first appears (Arrow's ``take`` of the
 rank's own columns: a key keeps its Arrow type, a dictionary stays one), as are ``first`` and
 ``last``; sums are taken at 64 bits (int64, uint64, float64: Arrow's types), and a sum, min or

@@ -1,10 +1,11 @@
 """Group-by on dense group codes: a rank's sum, mean, count, size, min and max of integer and
-float columns by integer, string, binary and temporal keys, in NumPy, where measured faster
-than polars' ``group_by`` (:func:`route`).
+float columns by integer, boolean, float, string, binary and temporal keys, in NumPy, where
+measured faster than polars' ``group_by`` (:func:`route`).
 
-Each key becomes an integer code per row (an integer key without nulls whose range is within
-about twice the rows: its offset from its minimum; any other: Arrow's ``dictionary_encode``,
-a null an entry of its own), the keys' codes are combined into one (mixed radix; a range
+Each key becomes an integer code per row (an integer or boolean key without nulls whose range
+is within about twice the rows: its offset from its minimum; any other: Arrow's
+``dictionary_encode``, a null an entry of its own), the keys' codes are combined into one
+(mixed radix; a range
 wider than about twice the rows is encoded again into dense codes), and each aggregation is
 one pass over the rows into an array as long as the groups: ``np.bincount`` for counts and
 sums (float sums at float64 in row order; integer sums exact: through the float weights only
@@ -17,7 +18,7 @@ an int64 accumulator took 25x the time of int64 values). A column's null rows go
 past the groups, dropped; a sum, min or max of a group with no non-null value is null.
 
 polars' group-by spends most of a many-group call updating each aggregation's state row by
-row; these passes do not (measured: :data:`ROUTE`).
+row; these passes do not (measured: :data:`MANY_GROUPS`, :func:`route`).
 """
 from __future__ import annotations
 
