@@ -84,6 +84,18 @@ def _timed(run, repeats: int, barrier=None, watch=None):
     return times, peak, before, machine, out
 
 
+def _record(times: List[float], machine: List[dict], *, peak: float, before: float,
+            partition: float, over: float, rows_out: int, gen_s: float, digest, **more) -> dict:
+    """A query's record, hetflow's or a peer's: each run's time (``op_times``, their median
+    ``op_s``) and what else the machine did during it (``machine``), the peak resident MiB of
+    the first run, the resident MiB before it, the partition's MiB and the peak over it, the
+    rows out, the data's generation seconds and a join's digest (None for a group-by)."""
+    return {"op_s": statistics.median(times), "op_times": times, "machine": machine,
+            "peak_rss_mb": peak, "rss_before_mb": before, "partition_mb": partition,
+            "peak_over_partition": over, "rows_out": rows_out, "gen_s": gen_s,
+            "digest": digest, **more}
+
+
 #: Fields of a query's record that its first run alone measures (its peak memory).
 FIRST_RUN = ("peak_rss_mb", "peak_over_partition", "partition_mb", "rss_before_mb")
 
@@ -172,15 +184,14 @@ def hetflow_task(comm, rows: int, repeats: int, out_dir: str, queries: Sequence[
         every = comm.gather(mine, root=0)
         if rank == 0:
             worst = max(every, key=lambda m: m["peak_mb"] / max(m["partition_mb"], 1e-9))
-            records[q.name] = {
-                "op_s": statistics.median(times), "op_times": times, "machine": machine,
-                "peak_rss_mb": max(m["peak_mb"] for m in every),
-                "peak_over_partition": worst["peak_mb"] / max(worst["partition_mb"], 1e-9),
-                "partition_mb": max(m["partition_mb"] for m in every),
-                "rss_before_mb": max(m["before_mb"] for m in every),
-                "rows_out": sum(m["rows_out"] for m in every), "engine_path": every[0]["backend"],
-                "digest": combine_digests([m["digest"] for m in every]) if q.is_join else None,
-                "gen_s": gen_s}
+            records[q.name] = _record(
+                times, machine, peak=max(m["peak_mb"] for m in every),
+                before=max(m["before_mb"] for m in every),
+                partition=max(m["partition_mb"] for m in every),
+                over=worst["peak_mb"] / max(worst["partition_mb"], 1e-9),
+                rows_out=sum(m["rows_out"] for m in every), gen_s=gen_s,
+                digest=combine_digests([m["digest"] for m in every]) if q.is_join else None,
+                engine_path=every[0]["backend"])
     return records if rank == 0 else {}
 
 
@@ -269,12 +280,10 @@ def peer_run(engine: str, rows: int, repeats: int, out_dir: str, threads: int = 
         result = to_arrow(q, out)
         del out
         partition = bigs[q.table].nbytes + (right.nbytes if right is not None else 0)
-        records[q.name] = {"op_s": statistics.median(times), "op_times": times,
-                           "machine": machine, "peak_rss_mb": peak, "rss_before_mb": before,
-                           "partition_mb": partition / 2**20,
-                           "peak_over_partition": peak / (partition / 2**20),
-                           "rows_out": result.num_rows, "gen_s": gen_s,
-                           "digest": digest(result) if q.is_join else None}
+        records[q.name] = _record(times, machine, peak=peak, before=before,
+                                  partition=partition / 2**20, over=peak / (partition / 2**20),
+                                  rows_out=result.num_rows, gen_s=gen_s,
+                                  digest=digest(result) if q.is_join else None)
         if not q.is_join:
             write(result, os.path.join(out_dir, f"{engine}-{i}.arrow"))
     return records
