@@ -96,7 +96,7 @@ class TaskPayload:
 
     def dumps(self) -> bytes:
         """The payload pickled so that a rank loads its function without cloudpickle."""
-        from hetflow.executors import _pickling
+        import hetflow.executors._pickling as _pickling   # (no importlib call, unlike from-import)
 
         return _pickling.dumps(self)
 
@@ -187,7 +187,7 @@ def collect(outcomes: dict, task_id, resources, executor: str, *,
     failed are collateral); among vanished ranks, ``deaths`` (cause first, see
     ``TaskDir.deaths``) names the cause; ``detail`` ends a lost task's message.
     """
-    from hetflow import errors
+    import hetflow.errors as errors         # (no importlib call per task, unlike from-import)
 
     failed = [o for o in outcomes.values() if not o.ok]
     if failed:
