@@ -211,3 +211,40 @@ def test_a_task_future_is_a_future_with_no_lock_of_its_own_until_a_thread_waits(
     running = TaskFuture()
     assert running.set_running_or_notify_cancel() and running.running()
     assert not running.cancel()
+
+
+_SCALE = 2
+
+
+@hetflow.mpi_app
+def scaled(comm, x):
+    return x * _SCALE
+
+
+def test_a_payload_carries_its_apps_bytes_through_plain_pickle_only_while_they_hold():
+    """From an app's second task on, its payload is plain pickle around the app's function
+    pickled once (``_pickling.alone``), with no cloudpickle pickler per task; a global the
+    function reads that changes makes new bytes (as cloudpickle would pickle it anew)."""
+    import pickle
+
+    from hetflow.executors import _pickling
+    from hetflow.executors.payload import TaskPayload
+
+    global _SCALE
+
+    def sent(x):
+        arguments = _pickling.dumps(((x,), {}))
+        payload = TaskPayload(0, scaled.func, (x,), {}, hetflow.Resources(), None, None,
+                              arguments)
+        loaded = pickle.loads(payload.dumps())
+        return loaded.func.fn(None, *loaded.args, **loaded.kwargs)
+
+    first = sent(3)
+    assert _pickling.alone(scaled.func) is not None and scaled.func in _pickling._TASKS
+    assert (first, sent(3)) == (6, 6)
+    try:
+        _SCALE = 5
+        assert sent(3) == 15
+    finally:
+        _SCALE = 2
+    assert sent(4) == 8

@@ -158,7 +158,10 @@ def test_a_call_without_arguments_pickles_and_checks_them_once_per_app():
 
     assert run_counted(hook, counting, *_at_once(app)) == [None] * TASKS
     assert counts[("apps.py", "_pickled_arguments")] == 0, counts
-    assert counts[("_pickling.py", "dumps")] == TASKS, counts        # the payload's
+    assert counts[("payload.py", "dumps")] == TASKS, counts          # the payload's
+    # its function pickled alone once (then its bytes reused), the rest by pickle itself
+    assert counts[("_pickling.py", "dumps")] == 0, counts
+    assert counts[("_pickling.py", "alone")] == TASKS, counts
     checks = sum(c for (_, name), c in counts.items() if name == "check_resources")
     assert checks == TASKS, counts                                    # the kernel's
 
