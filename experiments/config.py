@@ -53,6 +53,8 @@ class ExperimentConfig:
     peers: Tuple[str, ...] = ("pyarrow", "polars", "duckdb")
     baseline: str = "mpirun"
     executor_options: Dict[str, dict] = field(default_factory=dict)
+    #: seconds of each runtime-CPU window with no task (after start, after the last task)
+    idle_s: float = 2.0
     #: (analytics) the queries to run, by name; empty: all of them
     queries: Tuple[str, ...] = ()
     #: (paper) total rows of the strong cases, divided over ``ranks``
@@ -144,6 +146,10 @@ def experiment_names() -> List[str]:
     return sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".toml"))
 
 
+#: ``idle_s`` of a ``--quick`` run: a smoke run checks the windows are taken, not their size.
+QUICK_IDLE_S = 0.5
+
+
 def load(name_or_path: str, *, quick: bool = False) -> ExperimentConfig:
     """Read an experiment config by name (``weak``) or path; ``quick`` applies ``[quick]``."""
     path = name_or_path if name_or_path.endswith(".toml") else os.path.join(
@@ -158,7 +164,7 @@ def load(name_or_path: str, *, quick: bool = False) -> ExperimentConfig:
             raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
     quick_overrides = raw.pop("quick", {})
     if quick:
-        raw.update(quick_overrides)
+        raw.update({"idle_s": QUICK_IDLE_S, **quick_overrides})
     raw.setdefault("name", os.path.basename(path)[:-5])
     known = {f.name for f in dataclasses.fields(ExperimentConfig)}
     unknown = set(raw) - known

@@ -2,9 +2,14 @@
 while a task runs (measured by :mod:`hetflow.executors.runtime_cpu`).
 
 The runner opens its runtimes with ``sample_s=SAMPLE_S`` (each rank samples its CPU when a
-task starts and when it returns: what subtracting the task's own CPU needs), measures each
-runtime for ``IDLE_S`` seconds after it started with no task (``idle(dfk)``, on the session
-row), and each task from submit to result (``task_window()``, on the task row).
+task starts and when it returns: what subtracting the task's own CPU needs) and measures each
+runtime with no task twice, for the config's ``idle_s`` seconds each (``idle(dfk)``, on the
+session row): right after it started (``start_runtime_cores``: workers still starting,
+imports) and after its last task, before shut-down (``idle_runtime_cores``: settled). It
+measures each task from submit to result (``task_window()``, on the task row).
+
+Rows written before Dec 8 have ``idle_runtime_cores`` only, measured right after start: the
+report reads it as ``start_runtime_cores`` (``start_cores``).
 """
 from __future__ import annotations
 
@@ -27,13 +32,29 @@ def _meter(dfk=None):
     return RuntimeCPU((dfk or parsl.dfk()).hetflow_token)
 
 
-def idle(dfk) -> Dict[str, float]:
-    """The session row's fields: the runtime's own CPU while no task runs."""
+def idle(dfk, field: str = "idle_runtime_cores", seconds: float = IDLE_S) -> Dict[str, float]:
+    """The session row's fields: the runtime's own CPU over ``seconds`` with no task, as
+    ``field`` (``"start_runtime_cores"`` right after start, ``"idle_runtime_cores"`` after
+    the last task)."""
     meter = _meter(dfk)
     meter.start()
-    time.sleep(IDLE_S)
+    time.sleep(seconds)
     window = meter.stop()
-    return {"idle_runtime_cores": window["runtime_cores"], "runtime_processes": window["processes"]}
+    return {field: window["runtime_cores"], "runtime_processes": window["processes"],
+            "idle_s": seconds}
+
+
+def start_cores(row: dict):
+    """A session row's CPU in the first ``IDLE_S`` seconds after start (older rows called it
+    ``idle_runtime_cores``)."""
+    if "start_runtime_cores" in row:
+        return row["start_runtime_cores"]
+    return row.get("idle_runtime_cores")
+
+
+def settled_cores(row: dict):
+    """A session row's CPU with no task after its tasks (None for rows from before Dec 8)."""
+    return row.get("idle_runtime_cores") if "start_runtime_cores" in row else None
 
 
 @contextlib.contextmanager
@@ -61,19 +82,27 @@ def lines(rows: List[dict], stat) -> List[str]:
     ``stat(rows, field)`` writes a cell (the report's own, so the column reads like the rest)."""
     by_executor: Dict[str, List[dict]] = {}
     for r in rows:
-        if (r.get("kind") == "session" and r.get("idle_runtime_cores") is not None) or \
+        if (r.get("kind") == "session" and start_cores(r) is not None) or \
                 (r.get("kind") == "task" and r.get("runtime_cores") is not None):
             by_executor.setdefault(r["executor"], []).append(r)
     if not by_executor:
         return []
-    body = []
+    body, window_s = [], max((r.get("idle_s", IDLE_S) for r in rows if r.get("kind") == "session"),
+                             default=IDLE_S)
     for executor, found in sorted(by_executor.items()):
         tasks = [r for r in found if r["kind"] == "task"]
-        body.append(f"| {executor} | {stat(found, 'idle_runtime_cores')} | "
-                    f"{stat(tasks, 'runtime_cores')} | {len(tasks)} |")
+        sessions = [r for r in found if r["kind"] == "session"]
+        settled = [dict(r, cores=settled_cores(r)) for r in sessions
+                   if settled_cores(r) is not None]
+        started = [dict(r, cores=start_cores(r)) for r in sessions]
+        body.append(f"| {executor} | {stat(settled, 'cores') if settled else 'not measured'} | "
+                    f"{stat(started, 'cores')} | {stat(tasks, 'runtime_cores')} | {len(tasks)} |")
     return [f"Runtime CPU, in cores: the CPU of the runtime's own processes (client, launchers, "
-            f"pilot agent, brokers, idle ranks) per wall second, idle ({IDLE_S:g} s after "
-            f"start) and while a task ran (submit to result, its ranks' CPU inside the task "
-            f"taken out):", "",
-            "| Executor | Runtime CPU idle | Runtime CPU, task running | Tasks |",
-            "|---|---|---|---|", *body, ""]
+            f"pilot agent, brokers, idle ranks) per wall second: idle ({window_s:g} s with no task "
+            f"after the runtime's last task: settled), in the first {window_s:g} s after its start "
+            f"(workers still starting: a start-up cost, not an idle one) and while a task ran "
+            f"(submit to result, its ranks' CPU inside the task taken out). \"not measured\": "
+            f"the run predates the settled measure (Dec 8).", "",
+            f"| Executor | Runtime CPU idle | Runtime CPU, first {window_s:g} s | Runtime CPU, task running "
+            "| Tasks |",
+            "|---|---|---|---|---|", *body, ""]

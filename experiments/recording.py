@@ -126,10 +126,11 @@ def runtime_session(cfg: ExperimentConfig, name: str, rec: Recorder, max_ranks: 
         yield None
         return
     startup_s = time.perf_counter() - t0
-    own_cpu = owncpu.idle(dfk)
+    own_cpu = owncpu.idle(dfk, "start_runtime_cores", cfg.idle_s)
     session = {"startup_s": startup_s, "options": options}
     try:
         yield session
+        own_cpu.update(owncpu.idle(dfk, seconds=cfg.idle_s))   # settled: after the last task
     finally:
         t1 = time.perf_counter()
         try:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hetflow.errors import ConfigError, InputError
-from hetflow.frame import _arrays, _engine
+from hetflow.frame import _arrays, _dense, _engine
 
 #: Aggregations whose per-rank results do not combine exactly: their values are shuffled.
 HOLISTIC = frozenset({"median", "quantile", "nunique"})
@@ -218,8 +218,6 @@ def _ordinal(col) -> pa.Array:
         else rank
 
 
-
-
 def _validity(col) -> pa.Array:
     return pc.is_valid(_arrays._single(col))
 
@@ -387,6 +385,9 @@ def partials(table: pa.Table, by: Sequence[str], planned: Sequence[Planned],
     """One partial row per group (keys, then the ``names`` columns, :func:`part_names` of each
     aggregation in turn) of ``table``'s rows, or, ``merging``, of ``table``'s partial rows (in
     that same layout: several ranks' rows per group, in rank order)."""
+    got = None if merging else _dense.run(table, by, planned)
+    if got is not None:   # dense group codes (hetflow/frame/_dense.py)
+        return _table(got[0], by, [c for cols in got[1] for c in cols], names)
     k = _Kernel([table.column(c) for c in by])
     i = 0
     for p in planned:
@@ -401,17 +402,18 @@ def partials(table: pa.Table, by: Sequence[str], planned: Sequence[Planned],
 
 def whole(table: pa.Table, by: Sequence[str], planned: Sequence[Planned]) -> pa.Table:
     """The results of ``table``'s groups, every row of each being here."""
+    keys, parts = _dense.run(table, by, planned) or _whole_parts(table, by, planned)
+    return _table(keys, by, finish(parts, planned), [p.out for p in planned])
+
+
+def _whole_parts(table: pa.Table, by: Sequence[str], planned: Sequence[Planned]):
     k = _Kernel([table.column(c) for c in by])
     for p in planned:
         col = _arrays._single(table.column(p.column))
         (_holistic if p.name in HOLISTIC else lambda k, p, c: _parts(k, p, [c], False))(k, p, col)
     keys, out = k.run()
-    parts = []
-    for p in planned:
-        width = 1 if p.name in HOLISTIC else len(part_names(p))
-        parts.append(out[:width])
-        out = out[width:]
-    return _table(keys, by, finish(parts, planned), [p.out for p in planned])
+    ends = np.cumsum([1 if p.name in HOLISTIC else len(part_names(p)) for p in planned])
+    return keys, [out[e - w:e] for e, w in zip(ends, np.diff(ends, prepend=0))]
 
 
 def _floats(col: pa.Array) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 import numpy as np
 import pyarrow as pa
 
-from hetflow.frame import _aggregate, _arrays, _check, _cylon_rules, _engine, _pycylon
+from hetflow.frame import _aggregate, _arrays, _check, _cylon_rules, _dense, _pycylon
 from hetflow.frame._aggregate import Agg, Planned
 from hetflow.frame._agreement import step
 from hetflow.frame._mpi import MPI, wait_all
@@ -143,7 +143,7 @@ def _by_rounds(comm, source: pa.Table, by: List[str], planned: Sequence[Planned]
 
 #: Rows of a rank's sample for :func:`_few_repeats`; a rank with fewer than SAMPLE_ROWS * 4
 #: rows takes no sample (its partial rows are cheap whatever they hold).
-SAMPLE_ROWS = 1 << 15
+SAMPLE_ROWS = _dense.SAMPLE_ROWS
 #: Partial rows per input row above which the rows themselves are shuffled.
 MOST_ROWS_KEPT = 0.5
 
@@ -153,42 +153,22 @@ def _few_repeats(comm, source: pa.Table, by: List[str]) -> bool:
     rank's partial aggregation costs as much as the merge after it and saves no exchange, and
     the rows are shuffled and aggregated once instead (collective: one small allreduce).
 
-    Each rank of at least ``4 * SAMPLE_ROWS`` rows counts the groups of a seeded sample of
-    its rows (about SAMPLE_ROWS, drawn uniformly: a sorted table's groups are not read as
-    more than they are), estimates its groups ``G`` from ``d = G (1 - exp(-s / G))``
-    (``d`` groups in ``s`` rows drawn evenly from them) and its partial rows as
-    ``G (1 - exp(-n / G))``; the decision is on the sum over the ranks. Six keys of about one
-    group a row, 5M rows a rank: 2.2 s of CPU per rank saved of 5.4 (a loaded machine)."""
+    Each rank of at least ``4 * SAMPLE_ROWS`` rows estimates its groups from a seeded sample
+    of its rows (:func:`hetflow.frame._dense.estimate_groups`); the decision is on the sum
+    over the ranks. Six keys of about one group a row, 5M rows a rank: 2.2 s of CPU per rank
+    saved of 5.4 (a loaded machine)."""
     if comm.Get_size() == 1:
         return False
     n = source.num_rows
     mine = np.zeros(2, np.int64)
     if n >= 4 * SAMPLE_ROWS:
-        picked = np.random.default_rng(41).integers(0, n, SAMPLE_ROWS)
-        picked.sort()
-        picked = picked[np.concatenate(([True], picked[1:] != picked[:-1]))]  # distinct rows
         try:
-            sample = source.select(by).take(_arrays.arrow_of(picked))
-            seen = _engine.distinct_rows([sample.column(k) for k in by])
-            mine[:] = n, round(_partial_rows(seen, len(picked), n))
+            mine[:] = n, round(_dense.estimate_groups(source, by))
         except Exception:  # noqa: BLE001 - no estimate: the other ranks wait in the allreduce,
             mine[:] = 0    # and a key polars cannot group fails every rank's kernel alike
     total = np.empty(2, np.int64)
     wait_all([comm.Iallreduce(mine, total, op=MPI.SUM)])
     return bool(total[0] and total[1] > MOST_ROWS_KEPT * total[0])
-
-
-def _partial_rows(seen: int, sample: int, rows: int) -> float:
-    """The groups among ``rows`` rows drawn as ``sample`` rows that held ``seen`` groups."""
-    if seen >= sample:
-        return float(rows)
-    lo, hi = float(seen), float(seen)
-    while hi * -np.expm1(-sample / hi) < seen:      # G (1 - exp(-s / G)) rises with G
-        hi *= 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if mid * -np.expm1(-sample / mid) < seen else (lo, mid)
-    return hi * -np.expm1(-rows / hi)
 
 
 def _merged(merged: pa.Table, by: List[str], planned: Sequence[Planned],
