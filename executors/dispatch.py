@@ -15,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional
+from concurrent.futures import CancelledError, Future, TimeoutError as FutureTimeout
+from concurrent.futures._base import (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, LOGGER,
+                                      PENDING, RUNNING, InvalidStateError)
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence
 
 from hetflow.executors.scheduler import SlotScheduler
 from hetflow.spec import Resources
@@ -26,6 +28,152 @@ from hetflow.tasks import TaskState, TaskTimes
 if TYPE_CHECKING:
     from hetflow.executors.rankio import TaskFiles
     from hetflow.executors.watch import Deadline
+
+
+#: The one lock of every :class:`TaskFuture`'s state: held for a few attribute writes (no
+#: callback runs under it); re-entrant, as ``concurrent.futures.wait`` takes each future's
+#: ``_condition`` in turn.
+_FUTURES = threading.RLock()
+_DONE = frozenset((CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED))
+_CANCELLED = frozenset((CANCELLED, CANCELLED_AND_NOTIFIED))
+
+
+class TaskFuture(Future):
+    """A task's future, as the executor returns it: a ``concurrent.futures.Future`` (what
+    Parsl's DFK takes, and ``wait``/``as_completed`` work on) with no lock of its own.
+
+    ``Future()`` makes a ``Condition`` (with its RLock, a deque and five bound methods) and
+    two lists per task, 10 objects the cyclic gc tracks while the task is queued; with
+    100,000 tasks queued they made the collector's full passes long. Here the state changes
+    under one lock shared by every TaskFuture, a ``Condition`` over it is made only for a
+    thread that waits on this future, and one callback (Parsl's) is kept as itself.
+    """
+
+    def __init__(self):             # not Future's: see the class docstring
+        self._state = PENDING
+        self._result = None
+        self._exception = None
+        self._cond: Optional[threading.Condition] = None
+        self._waiting: Optional[list] = None     # ``wait``/``as_completed``'s, once any
+        self._callbacks: Any = None              # one callable, or a list of them
+
+    @property
+    def _condition(self) -> threading.Condition:
+        """The Condition a waiting thread sleeps on (made at the first wait)."""
+        with _FUTURES:
+            if self._cond is None:
+                self._cond = threading.Condition(_FUTURES)
+            return self._cond
+
+    @property
+    def _waiters(self) -> list:
+        with _FUTURES:
+            if self._waiting is None:
+                self._waiting = []
+            return self._waiting
+
+    @property
+    def _done_callbacks(self) -> list:
+        callbacks = self._callbacks
+        return [] if callbacks is None else callbacks if type(callbacks) is list else [callbacks]
+
+    def done(self) -> bool:
+        return self._state in _DONE
+
+    def cancelled(self) -> bool:
+        return self._state in _CANCELLED
+
+    def running(self) -> bool:
+        return self._state == RUNNING
+
+    def add_done_callback(self, fn) -> None:
+        with _FUTURES:
+            if self._state not in _DONE:
+                callbacks = self._callbacks
+                if callbacks is None:
+                    self._callbacks = fn
+                elif type(callbacks) is list:
+                    callbacks.append(fn)
+                else:
+                    self._callbacks = [callbacks, fn]
+                return
+        try:
+            fn(self)
+        except Exception:  # noqa: BLE001 - as Future's own: logged, not raised
+            LOGGER.exception("exception calling callback for %r", self)
+
+    def _invoke_callbacks(self) -> None:
+        callbacks = self._callbacks
+        if callbacks is None:
+            return
+        for fn in callbacks if type(callbacks) is list else (callbacks,):
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001 - as Future's own: logged, not raised
+                LOGGER.exception("exception calling callback for %r", self)
+
+    def _wait(self, timeout: Optional[float]) -> None:
+        if self._state not in _DONE:
+            with _FUTURES:
+                self._condition.wait_for(lambda: self._state in _DONE, timeout)
+        if self._state in _CANCELLED:
+            raise CancelledError()
+        if self._state != FINISHED:
+            raise FutureTimeout()
+
+    def result(self, timeout: Optional[float] = None):
+        self._wait(timeout)
+        if self._exception is not None:
+            try:
+                raise self._exception
+            finally:
+                self = None      # (as Future's) no cycle through the traceback's frame
+        return self._result
+
+    def exception(self, timeout: Optional[float] = None):
+        self._wait(timeout)
+        return self._exception
+
+    def cancel(self) -> bool:
+        with _FUTURES:
+            if self._state in (RUNNING, FINISHED):
+                return False
+            if self._state in _CANCELLED:
+                return True
+            self._state = CANCELLED
+            if self._cond is not None:
+                self._cond.notify_all()
+        self._invoke_callbacks()
+        return True
+
+    def set_running_or_notify_cancel(self) -> bool:
+        with _FUTURES:
+            if self._state == CANCELLED:
+                self._state = CANCELLED_AND_NOTIFIED
+                for waiter in self._waiting or ():
+                    waiter.add_cancelled(self)
+                return False
+            if self._state == PENDING:
+                self._state = RUNNING
+                return True
+            raise RuntimeError(f"Future in unexpected state: {self._state}")
+
+    def set_result(self, result) -> None:
+        self._settle(result, None)
+
+    def set_exception(self, exception) -> None:
+        self._settle(None, exception)
+
+    def _settle(self, result, exception) -> None:
+        with _FUTURES:
+            if self._state in _DONE:
+                raise InvalidStateError(f"{self._state}: {self!r}")
+            self._result, self._exception, self._state = result, exception, FINISHED
+            for waiter in self._waiting or ():
+                waiter.add_result(self) if exception is None else waiter.add_exception(self)
+            if self._cond is not None:
+                self._cond.notify_all()
+        self._invoke_callbacks()
 
 
 @dataclass(eq=False)
@@ -38,9 +186,10 @@ class Task:
     future: Future
     times: TaskTimes
     state: TaskState = TaskState.NEW
-    slots: list = field(default_factory=list)
-    #: The GPU ids the queue gave it (``ranks x gpus_per_rank`` of them, rank-major).
-    devices: list = field(default_factory=list)
+    #: Its slots and GPU ids (``ranks x gpus_per_rank``, rank-major) once placed (lists;
+    #: an empty tuple, no object of its own, while queued).
+    slots: Sequence = ()
+    devices: Sequence = ()
     #: The verdict the kernel decided (walltime, cancel, shutdown); wins over the runtime's.
     error: Optional[BaseException] = None
     deadline: Optional[Deadline] = None
@@ -55,7 +204,7 @@ class Task:
 
     @property
     def done(self) -> bool:
-        return self.future.done()
+        return self.future._state in _DONE      # (a TaskFuture's, or any Future's) no lock
 
 
 class TaskQueue:
@@ -181,7 +330,7 @@ class TaskQueue:
                 self.scheduler.release_devices(task.devices)
                 if task.deadline is not None:
                     task.deadline.cancel()
-                task.slots, task.devices = [], []
+                task.slots, task.devices = (), ()
                 task.state, task.deadline = TaskState.SCHEDULING, None
                 self.scheduler.push_front(task, *need(task))
             self.kick()

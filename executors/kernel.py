@@ -74,7 +74,7 @@ from hetflow.errors import ConfigError, ExecutorBroken, NotSupported, ResourcesU
 from hetflow.executors import monitoring, rankio, stacks
 from hetflow.executors.payload import RankFiles, TaskPayload, collect
 from hetflow.executors.allocation import default_slots
-from hetflow.executors.dispatch import Task, TaskQueue
+from hetflow.executors.dispatch import Task, TaskFuture, TaskQueue
 from hetflow.executors.resource_spec import InvalidResourceSpec, read_resources  # noqa: F401
 from hetflow.executors.scheduler import SlotScheduler
 from hetflow.executors.watch import Watch
@@ -197,6 +197,7 @@ class Executor(ParslExecutor):
     # ------------------------------------------------------------------ Parsl's executor API
     def start(self) -> None:
         self.run_root = os.path.abspath(os.path.join(self.run_dir, self.label))
+        self._tables_dir = os.path.join(self.run_root, tables.TABLES_DIR)
         from hetflow.executors.taskdir import private_dir
         private_dir(self.run_root)
         rankio.check_output(self.output)
@@ -215,7 +216,7 @@ class Executor(ParslExecutor):
             raise ExecutorBroken(f"executor {self.label!r} is shut down")
         resources = read_resources(resource_specification)
         self.check_resources(resources)
-        future: Future = Future()
+        future: Future = TaskFuture()
         task_id = next(self._ids)
         future.parsl_executor_task_id = task_id
         func, kwargs, parsl_ids, parsl_interval = monitoring.unwrap(func, kwargs)
@@ -227,20 +228,18 @@ class Executor(ParslExecutor):
         prepared_args, prepared_kwargs = tables.prepare(self, resources, args, kwargs)
         if prepared_args is not args or prepared_kwargs is not kwargs:
             args, kwargs, arguments = prepared_args, prepared_kwargs, None
-        directories = self._follower.directories(task_id)
         files = None      # no files dir: nothing to capture, sample, or ask stacks of there
         if not self.own_stacks or self.output != "off" or sample_s is not None:
+            directories = self._follower.directories(task_id)
             files = RankFiles(*directories, self.output != "off", *self._client, sample_s)
-        payload = TaskPayload(task_id=task_id, func=func, args=args, kwargs=kwargs,
-                              resources=resources,
-                              tables=os.path.join(self.run_root, tables.TABLES_DIR),
-                              files=files, arguments=arguments).dumps()
+        payload = TaskPayload(task_id, func, args, kwargs, resources, self._tables_dir, files,
+                              arguments).dumps()
         task = Task(task_id, resources, payload, future,
                     TaskTimes(executor=self.label, ranks=resources.ranks, submitted=time.time()))
         task.files_dir = files is not None
         future.hetflow_task = task
         if sample_s is not None:
-            task.samples = self._monitor.watch(task, directories, sample_s, parsl_ids)
+            task.samples = self._monitor.watch(task, files[:2], sample_s, parsl_ids)
         self._admit(task, args, kwargs)
         now = self.dispatch_on_submit
         with self._lock:
@@ -336,7 +335,7 @@ class Executor(ParslExecutor):
                 return
             if (release and task.slots) or task.devices:
                 self._queue.release(task.slots if release else (), task.devices)
-            task.devices = []
+            task.devices = ()
         if task.deadline is not None:
             task.deadline.cancel()
         error = task.error or error

@@ -69,6 +69,7 @@ class TaskPayload:
             files = tuple.__new__(RankFiles, files)
         self.files = files
         self._arguments = arguments      # (args, kwargs) as the client pickled them once
+        self._function: bytes | None = None   # func pickled alone (dumps), while pickling
 
     @property
     def resources(self):
@@ -84,6 +85,9 @@ class TaskPayload:
         if not isinstance(resources, dict):
             resources = resources.as_dict()
         files = None if self.files is None else tuple(self.files)
+        if self._function is not None:
+            return (_with_function, (self.task_id, self._function, self._arguments, resources,
+                                     self.tables, files))
         if self._arguments is not None:
             return (_with_arguments, (self.task_id, self.func, self._arguments, resources,
                                       self.tables, files))
@@ -96,8 +100,15 @@ class TaskPayload:
 
     def dumps(self) -> bytes:
         """The payload pickled so that a rank loads its function without cloudpickle."""
-        from hetflow.executors import _pickling
+        import hetflow.executors._pickling as _pickling   # (no importlib call, unlike from-import)
 
+        if self._arguments is not None:
+            self._function = _pickling.alone(self.func)
+            if self._function is not None:      # then all else is plain data: pickle's own
+                try:
+                    return pickle.dumps(self, protocol=5)
+                finally:
+                    self._function = None
         return _pickling.dumps(self)
 
 
@@ -106,6 +117,12 @@ def _with_arguments(task_id: int, func: Callable, arguments: bytes, resources, t
     """A payload whose arguments the client pickled at the call (nested in the payload)."""
     args, kwargs = pickle.loads(arguments)
     return TaskPayload(task_id, func, args, kwargs, resources, tables, files)
+
+
+def _with_function(task_id: int, function: bytes, arguments: bytes, resources, tables,
+                   files) -> TaskPayload:
+    """A payload whose function was pickled alone (``_pickling.alone``), arguments too."""
+    return _with_arguments(task_id, pickle.loads(function), arguments, resources, tables, files)
 
 
 class RankOutcome:
@@ -187,7 +204,7 @@ def collect(outcomes: dict, task_id, resources, executor: str, *,
     failed are collateral); among vanished ranks, ``deaths`` (cause first, see
     ``TaskDir.deaths``) names the cause; ``detail`` ends a lost task's message.
     """
-    from hetflow import errors
+    import hetflow.errors as errors         # (no importlib call per task, unlike from-import)
 
     failed = [o for o in outcomes.values() if not o.ok]
     if failed:

@@ -103,6 +103,10 @@ class SlotScheduler:
 
     def _heads(self) -> List[list]:
         """The first entry of each need, in queue order."""
+        if len(self._needs) == 1:       # one need (tasks of one shape): no sort
+            (key,) = self._needs
+            head = self._first(key)
+            return [head] if head is not None else []
         heads = [self._first(key) for key in list(self._needs)]
         return sorted((h for h in heads if h is not None), key=lambda e: e[SEQ])
 
@@ -118,8 +122,9 @@ class SlotScheduler:
         once per task, and a runtime that knows when that is all it waits for says so."""
         return True
 
-    def may_fit(self, item, need: int, gpus: int) -> bool:
-        """False when ``item`` cannot fit now, without trying (cheap: no slot is looked at)."""
+    def may_fit(self, item, need: int, gpus: int, key: Hashable = None) -> bool:
+        """False when ``item`` cannot fit now, without trying (cheap: no slot is looked at);
+        ``key``: its :meth:`need_key`, when known."""
         return need <= len(self._free) and gpus <= len(self._free_devices)
 
     def pop_ready(self, take: Optional[Callable] = None) -> List[tuple]:
@@ -157,11 +162,11 @@ class SlotScheduler:
     def _try(self, entry: list, take: Callable) -> Optional[tuple]:
         """Start ``entry`` if it fits: ``(item, slots, devices)``, its slots and devices taken."""
         self.steps += 1
-        item, need, gpus = entry[ITEM], entry[NEED], entry[GPUS]
-        if not self.may_fit(item, need, gpus):
+        item, need, gpus, key = entry[ITEM], entry[NEED], entry[GPUS], entry[KEY]
+        if not self.may_fit(item, need, gpus, key):
             return None
         devices = self.take_devices(item, gpus)
-        slots = take(item, need) if devices is not None else None
+        slots = take(item, need, key) if devices is not None else None
         if slots is None:
             if devices:
                 self.release_devices(devices)
@@ -187,8 +192,9 @@ class SlotScheduler:
         """The free device ids, in their declared order (a copy)."""
         return [self.devices[i] for i in sorted(self._free_devices)]
 
-    def take(self, item, need: int) -> Optional[list]:
-        """Take slots for ``item`` (the ``need`` lowest free ones), or None when it does not fit."""
+    def take(self, item, need: int, key: Hashable = None) -> Optional[list]:
+        """Take slots for ``item`` (the ``need`` lowest free ones), or None when it does not fit;
+        ``key``: its :meth:`need_key`, when known."""
         if need > len(self._free):
             return None
         return [heapq.heappop(self._free) for _ in range(need)]

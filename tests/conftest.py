@@ -144,7 +144,8 @@ class _LongestFirst:
     @pytest.hookimpl(trylast=True)   # after pytest ordered the tests by fixture
     def pytest_collection_modifyitems(self, items):
         def cost(item) -> tuple:
-            return (0 if item.get_closest_marker("slurm") else 1 if "radical" in item.nodeid else 2,
+            radical = "radical" in item.nodeid or shared_runtime_of(item) == "radical"
+            return (0 if item.get_closest_marker("slurm") else 1 if radical else 2,
                     item.get_closest_marker("after_shared_runtime") is not None)
 
         items.sort(key=cost)         # stable: keeps each group's order
@@ -246,16 +247,32 @@ class SharedRuntime:
             here = not os.environ.get("SLURM_JOB_ID")
             options["descriptions"] = FaultyDescriptions(stall_first_agent=here,
                                                          hold_first_master=here)
-        bystander = None
+        bystander = tmp = None
         if name == "radical":
             # a child the client had before the runtime: not the runtime's to end
             bystander = subprocess.Popen(["sleep", "3600"])
+            # The temp dir the runtime takes at its start (its run dir; its ranks' TMPDIR) is
+            # one of the life's own, so what its ~40 tests' tasks leave there is counted
+            # exactly (test_radical.py; test_load.py's 100 tasks run on this life).
+            if scratch is not None:
+                tmp = os.path.join(scratch, "tmp")
+                os.mkdir(tmp, 0o700)
+            # RP's sockets share the process's ZeroMQ context (zmq.Context.instance(), never
+            # terminated), whose I/O threads' descriptors open with its first socket and then
+            # stay: opened first here, so that the life's descriptors count from after them.
+            import zmq
+
+            zmq.Context.instance().socket(zmq.PUB).close()
         life = Life(children={p.pid for p in psutil.Process().children(recursive=True)},
-                    environ=dict(os.environ), scratch=scratch, bystander=bystander)
+                    environ=dict(os.environ), scratch=scratch, bystander=bystander, tmp=tmp,
+                    fds=open_descriptors())
         context = hetflow.runtime(name, **options)
         stuck_s, rp_pilot.SCHEDULER_STUCK_S = rp_pilot.SCHEDULER_STUCK_S, 10.0
         stall_s, rp_pilot.AGENT_STALL_S = rp_pilot.AGENT_STALL_S, 15.0
+        tempdir = tempfile.tempdir
         try:
+            if tmp is not None:
+                tempfile.tempdir = tmp        # read by the start only (tempfile.gettempdir)
             dfk = context.__enter__()
         except Exception as exc:
             self._failed[name] = exc
@@ -267,6 +284,7 @@ class SharedRuntime:
             raise
         finally:
             rp_pilot.SCHEDULER_STUCK_S, rp_pilot.AGENT_STALL_S = stuck_s, stall_s
+            tempfile.tempdir = tempdir
         life.executor, life.token = dfk.executors[name], dfk.hetflow_token
         self.name, self._context, self._life = name, context, life
 
@@ -283,6 +301,11 @@ class SharedRuntime:
                     life.bystander_outlived = life.bystander.poll() is None
                     life.bystander.kill()
                     life.bystander.wait()
+                if life.tmp is not None:
+                    life.tmp_left = [os.path.relpath(os.path.join(d, n), life.tmp)
+                                     for d, dirs, files in os.walk(life.tmp)
+                                     for n in dirs + files]
+                    shutil.rmtree(life.tmp, ignore_errors=True)
                 if life.scratch is not None:
                     life.scratch_left = os.listdir(life.scratch)
                     shutil.rmtree(life.scratch, ignore_errors=True)
@@ -299,6 +322,20 @@ class Life:
     token: Optional[str] = None         # the runtime's token (hetflow._guardian)
     bystander: object = None            # a child process the client started before it
     bystander_outlived: bool = False    # ... still running after the runtime's close
+    tmp: Optional[str] = None           # the temp dir its start took (in scratch), if any
+    tmp_left: list = dataclasses.field(default_factory=list)    # in it after the close
+    fds: dict = dataclasses.field(default_factory=dict)   # open_descriptors() before it
+
+
+def open_descriptors() -> dict:
+    """This process's open file descriptors: ``{fd: what it refers to}``."""
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:            # the listing's own descriptor, closed since
+            pass
+    return found
 
 
 shared_runtime = SharedRuntime()

@@ -150,3 +150,101 @@ def test_a_calls_arguments_are_pickled_once_on_the_client(tmp_path):
         Counted.pickled = 0
         assert unwrap(Counted(1), plus=unwrap(Counted(2))).result(timeout=30) == 3
         assert Counted.pickled == 3      # Counted(2) once; Counted(1) at the call and at submit
+
+
+def _tracked_per_object(make, n=2000):
+    """Objects the cyclic gc tracks per ``make()`` kept alive (the collector off meanwhile)."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        before = len(gc.get_objects())
+        kept = [make() for _ in range(n)]
+        return (len(gc.get_objects()) - before - 1) / len(kept)    # -1: the list itself
+    finally:
+        gc.enable()
+
+
+def test_a_task_future_is_a_future_with_no_lock_of_its_own_until_a_thread_waits():
+    """The executor's future of a queued task is one object for the collector (a plain
+    ``Future`` is 10 on CPython 3.11: its Condition, the RLock's bound methods, a deque and
+    two lists), and behaves as a ``Future``: values, errors, timeouts, callbacks (one or
+    more, before or after), cancel, ``wait`` and ``as_completed``."""
+    from concurrent.futures import (FIRST_COMPLETED, CancelledError, Future, InvalidStateError,
+                                    TimeoutError as FutureTimeout, as_completed, wait)
+
+    from hetflow.executors.dispatch import TaskFuture
+
+    assert _tracked_per_object(Future) >= 8
+    assert _tracked_per_object(TaskFuture) <= 1.01
+
+    future, seen = TaskFuture(), []
+    assert isinstance(future, Future) and not future.done() and not future.running()
+    future.add_done_callback(seen.append)
+    future.add_done_callback(lambda f: seen.append(f.result()))
+    with pytest.raises(FutureTimeout):
+        future.result(timeout=0.01)
+    threading.Timer(0.05, future.set_result, (7,)).start()
+    assert future.result(timeout=10) == 7 and seen == [future, 7]
+    with pytest.raises(InvalidStateError):
+        future.set_result(8)
+    late = []
+    future.add_done_callback(late.append)
+    assert late == [future] and future.exception() is None
+
+    pending, failing = TaskFuture(), TaskFuture()
+    threading.Timer(0.05, failing.set_exception, (ValueError("no"),)).start()
+    done, not_done = wait([pending, failing], timeout=10, return_when=FIRST_COMPLETED)
+    assert done == {failing} and not_done == {pending}
+    assert isinstance(failing.exception(), ValueError)
+    with pytest.raises(ValueError, match="no"):
+        failing.result()
+    threading.Timer(0.05, pending.set_result, (None,)).start()
+    assert list(as_completed([pending, failing], timeout=10))[-1] is pending
+
+    cancelled = TaskFuture()
+    assert cancelled.cancel() and cancelled.cancelled() and cancelled.done()
+    assert not cancelled.set_running_or_notify_cancel()
+    with pytest.raises(CancelledError):
+        cancelled.result()
+    running = TaskFuture()
+    assert running.set_running_or_notify_cancel() and running.running()
+    assert not running.cancel()
+
+
+_SCALE = 2
+
+
+@hetflow.mpi_app
+def scaled(comm, x):
+    return x * _SCALE
+
+
+def test_a_payload_carries_its_apps_bytes_through_plain_pickle_only_while_they_hold():
+    """From an app's second task on, its payload is plain pickle around the app's function
+    pickled once (``_pickling.alone``), with no cloudpickle pickler per task; a global the
+    function reads that changes makes new bytes (as cloudpickle would pickle it anew)."""
+    import pickle
+
+    from hetflow.executors import _pickling
+    from hetflow.executors.payload import TaskPayload
+
+    global _SCALE
+
+    def sent(x):
+        arguments = _pickling.dumps(((x,), {}))
+        payload = TaskPayload(0, scaled.func, (x,), {}, hetflow.Resources(), None, None,
+                              arguments)
+        loaded = pickle.loads(payload.dumps())
+        return loaded.func.fn(None, *loaded.args, **loaded.kwargs)
+
+    first = sent(3)
+    assert _pickling.alone(scaled.func) is not None and scaled.func in _pickling._TASKS
+    assert (first, sent(3)) == (6, 6)
+    try:
+        _SCALE = 5
+        assert sent(3) == 15
+    finally:
+        _SCALE = 2
+    assert sent(4) == 8

@@ -4,6 +4,7 @@ The parity suite (test_parity.py) covers results and errors on the shared
 pilot; this file checks, on that same pilot, where RP's files go, and once it
 has closed, that nothing was left running or on disk.
 """
+import getpass
 import glob
 import json
 import os
@@ -15,7 +16,7 @@ import psutil
 import pytest
 
 import hetflow
-from conftest import shared_runtime
+from conftest import open_descriptors, shared_runtime
 from mpiutil import mpiexec
 from test_parity import mark_and_sleep, raise_on_rank_one
 from hetflow._guardian import marked_processes
@@ -324,6 +325,13 @@ def test_rp_sandbox_removed_and_no_process_left(name):
     life = shared_runtime.lives[name]
     ex = life.executor
     assert life.scratch is not None and ex.sandbox_dir.startswith(life.scratch)
+    # Its start took the life's own temp dir (conftest.SharedRuntime): its run dir was
+    # there, and its tasks' ranks had it as TMPDIR; after the close it is empty.
+    assert ex.run_dir.startswith(life.tmp + os.sep) and not os.path.exists(ex.run_dir)
+    # (torch keeps its compile cache there on purpose, torchinductor_<user>: not a leak)
+    torch_cache = f"torchinductor_{getpass.getuser()}"
+    in_tmp = [p for p in life.tmp_left if p.split(os.sep)[0] != torch_cache]
+    assert in_tmp == [], in_tmp[:50]
     assert life.scratch_left == [], life.scratch_left      # sandbox_dir itself removed
     assert "close_s" in ex.timings
     assert session_processes(os.path.abspath(ex.sandbox_dir)) == []
@@ -341,6 +349,14 @@ def test_rp_sandbox_removed_and_no_process_left(name):
     assert left == []
     for key in ("RADICAL_PILOT_BASE", "RADICAL_BASE", "RADICAL_CONFIG_USER_DIR", "TMPDIR"):
         assert os.environ.get(key) == life.environ.get(key), key
+    # The client's descriptors are back to what they were before the start (the life
+    # started, replaced pilots and workers, ran every shared test's tasks and closed; counted
+    # from after RP's process-wide ZeroMQ context opened, see conftest.SharedRuntime)
+    deadline = time.time() + 30
+    while len(open_descriptors()) > len(life.fds) and time.time() < deadline:
+        time.sleep(0.2)
+    now = open_descriptors()
+    assert len(now) <= len(life.fds), {fd: now[fd] for fd in now if now[fd] != life.fds.get(fd)}
 
 
 def test_rp_client_listeners_end_before_their_sockets_are_closed(tmp_path, monkeypatch, capfd):

@@ -26,17 +26,17 @@ class Counting(SlotScheduler):
 
     takes = 0
 
-    def take(self, item, need):
+    def take(self, item, need, key=None):
         self.takes += 1
-        return super().take(item, need)
+        return super().take(item, need, key)
 
 
 class CountingPool(PoolScheduler):
     takes = 0
 
-    def take(self, item, need):
+    def take(self, item, need, key=None):
         self.takes += 1
-        return super().take(item, need)
+        return super().take(item, need, key)
 
 
 def _pool(max_bypass=16, pinned=None, gpu=()):

@@ -299,11 +299,12 @@ class Broker:
         if task.done:                       # cancelled (or shut down) on its way here
             self._free([s.id for s in slots if s is not None])
             return
-        if any(s is None or not s.alive for s in slots):
-            # Its ranks were lost (or retired) between placement and here: it never ran.
-            self._free([s.id for s in slots if s is not None])
-            self.pool.requeue(task)
-            return
+        for slot in slots:
+            if slot is None or not slot.alive:
+                # Its ranks were lost (or retired) between placement and here: it never ran.
+                self._free([s.id for s in slots if s is not None])
+                self.pool.requeue(task)
+                return
         ranks, cache, generation = self.mpi.communicator(task.slots, COMM_CACHE)
         frames = wire.task_frames(task.id, ranks, tuple(task.slots), cache, generation,
                                   task.resources.cores_per_rank, task.payload)
@@ -342,7 +343,8 @@ class Broker:
             if len(run.outcomes) == len(task.slots):
                 self.deliver(task)
                 self.forget(task)
-                recycle_idle(self)
+                if self.mpi.recycling:
+                    recycle_idle(self)
             elif not outcome.ok and not task.done:
                 # A rank raised: that is the task's result. Its peers may wait in a
                 # collective for it; those still busy after the grace are stopped.

@@ -71,13 +71,20 @@ __all__ = ["PoolExecutor"]
 
 @dataclass(eq=False)
 class _Run:
-    """The pool's own part of a task (``task.handle``): what the kernel's Task does not hold."""
+    """The pool's own part of a task (``task.handle``): what the kernel's Task does not hold;
+    made when the task starts (at submit for a pinned task), so a queued task has none."""
 
     pinned: Optional[tuple] = None      # slots holding its resident arguments
     outcomes: dict = field(default_factory=dict)   # task rank -> outcome, as ranks report
     requeues: int = 0
     peer_grace: object = None           # the failed-peer deadline, once a rank raised
     sent: float = 0.0                   # when it was last sent to its ranks (time.time())
+
+
+def _pinned_of(task: Task) -> Optional[tuple]:
+    """The slots ``task`` must run on (its resident arguments'), or None."""
+    run = task.handle
+    return None if run is None else run.pinned
 
 
 class PoolExecutor(Executor):
@@ -169,7 +176,7 @@ class PoolExecutor(Executor):
 
     # ------------------------------------------------------------------ kernel hooks
     def _make_scheduler(self, max_bypass: int) -> PoolScheduler:
-        return PoolScheduler(max_bypass, pinned_of=lambda task: task.handle.pinned,
+        return PoolScheduler(max_bypass, pinned_of=_pinned_of,
                              gpus_of=lambda task: task.resources.gpus_per_rank)
 
     def _slots_needed(self, resources: Resources) -> int:
@@ -203,7 +210,8 @@ class PoolExecutor(Executor):
             if without:
                 raise ConfigError(f"the task asks for GPUs, but its resident data lives on "
                                   f"pool slots {without}, whose ranks hold none")
-        task.handle = _Run(pinned=pinned)
+        if pinned is not None:          # else made when it starts: none while it waits
+            task.handle = _Run(pinned=pinned)
 
     def _start_runtime(self) -> None:
         self.runs_on.start(f"hetflow-{self.label}", self.max_ranks)
@@ -241,6 +249,8 @@ class PoolExecutor(Executor):
                               logs=[world.stderr] if world else ())
 
     def _start(self, task: Task) -> None:
+        if task.handle is None:
+            task.handle = _Run()
         self._broker.post(("start", task))
 
     def _stop(self, task: Task, error: Optional[BaseException]) -> None:

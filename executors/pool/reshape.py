@@ -12,10 +12,10 @@ def unblock(broker) -> None:
         head = scheduler.head()
         gpu = head is not None and bool(head[0].resources.gpus_per_rank)
         sizes = scheduler.world_sizes(gpu=gpu)
+        pinned = scheduler.pinned_of(head[0]) if head is not None else None
     if head is None or broker.pool.stopping:
         return
     task, need = head[0], head[1]
-    pinned = task.handle.pinned
     if pinned is not None:
         lost = [s for s in pinned if s not in broker.mpi.slots or not broker.mpi.slots[s].alive]
         if lost:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
-from hetflow.executors.scheduler import SlotScheduler
+from hetflow.executors.scheduler import KEY, NEED, SlotScheduler
 
 #: The slots a task may take: GPU slots only, CPU slots only, or any.
 GPU, CPU, ANY = "gpu", "cpu", "any"
@@ -92,11 +92,13 @@ class PoolScheduler(SlotScheduler):
         self._free_count: Dict[int, Dict[str, int]] = {}  # world -> {GPU: n, CPU: n}
         #: Free slots placement may use, by kind (a retiring world's held slots are not).
         self.free_total = {GPU: 0, CPU: 0}
+        self._largest: Optional[List[int]] = None   # [slots, GPU slots] of the largest world
 
     # slots come and go with worlds (start, loss, replacement)
     def add_slot(self, slot: int, world: int, node: str = "", wrank: Optional[int] = None,
                  gpu: bool = False) -> None:
         wrank = slot if wrank is None else wrank
+        self._largest = None
         self.world_of[slot] = world
         if gpu:
             self.gpu_slots.add(slot)
@@ -115,6 +117,7 @@ class PoolScheduler(SlotScheduler):
         if slot not in self.world_of:
             return
         self.hold([slot])
+        self._largest = None
         world, (node, wrank) = self.world_of.pop(slot), self.where.pop(slot)
         size = self._sizes[world]
         size[0] -= 1
@@ -177,14 +180,25 @@ class PoolScheduler(SlotScheduler):
         """A head that some world could hold once its tasks end needs nothing of the pool
         (it is told of pinned heads, whose ranks may be lost, and of heads bigger than every
         world: consolidation)."""
-        item = entry[0]
-        if self.pinned_of(item) is not None:
+        _, gpu, pinned = entry[KEY]
+        if pinned is not None:
             return True
-        gpu = bool(self.gpus_of(item))
-        return not any(size[gpu] >= entry[1] for size in self._sizes.values())
+        largest = self._largest
+        if largest is None:             # slots came or went since: once per change
+            largest = self._largest = [max((size[kind] for size in self._sizes.values()),
+                                           default=0) for kind in (0, 1)]
+        return largest[gpu] < entry[NEED]
 
-    def may_fit(self, item, need: int, gpus: int) -> bool:
-        free = self.free_total[GPU] if self.gpus_of(item) else len(self._free_set)
+    def _gpu_pinned(self, item, key) -> Tuple[bool, Optional[Sequence[int]]]:
+        """Whether ``item`` needs GPU slots, and the slots it is pinned to (from its need key
+        when known: no call of ``gpus_of``/``pinned_of`` per try)."""
+        if key is not None:
+            return key[1], key[2]
+        return bool(self.gpus_of(item)), self.pinned_of(item)
+
+    def may_fit(self, item, need: int, gpus: int, key: Hashable = None) -> bool:
+        gpu = key[1] if key is not None else self.gpus_of(item)
+        free = self.free_total[GPU] if gpu else len(self._free_set)
         return need <= free
 
     def _count(self, world: int, kind: str) -> int:
@@ -244,9 +258,9 @@ class PoolScheduler(SlotScheduler):
     def take_devices(self, item, gpus: int) -> Optional[list]:
         return []           # the pool's devices are its slots' (see take)
 
-    def take(self, item, need: int) -> Optional[List[int]]:
-        pinned = self.pinned_of(item)
-        if self.gpus_of(item):
+    def take(self, item, need: int, key: Hashable = None) -> Optional[List[int]]:
+        gpu, pinned = self._gpu_pinned(item, key)
+        if gpu:
             slots = self._place(need, pinned, GPU)
         else:
             slots = self._place(need, pinned, CPU) if self.free_total[CPU] >= need else None

@@ -116,6 +116,8 @@ class Worlds:
         self.worlds: Dict[int, World] = {}
         self.slots: Dict[int, Slot] = {}
         self.by_identity: Dict[bytes, int] = {}
+        #: Worlds :meth:`recycle` retired that are not dropped yet (0: nothing to look for).
+        self.recycling = 0
         self._next_world = 0
         self._next_slot = 0
 
@@ -193,6 +195,8 @@ class Worlds:
     def recycle(self, world: World) -> List[int]:
         """``world`` takes no more tasks: it is replaced once idle (:meth:`idle_recycling`).
         Its slot ids."""
+        if not world.recycling and world.id in self.worlds:
+            self.recycling += 1
         world.retiring = world.recycling = True
         return list(world.slot_ids.values())
 
@@ -229,7 +233,7 @@ class Worlds:
         """``(world ranks, cache, generation)`` of the communicator a task on ``slot_ids``
         runs on: ranks cache the communicators of up to ``cache_size`` rank sets per world."""
         world = self.worlds[self.slots[slot_ids[0]].world]
-        ranks = tuple(self.slots[s].wrank for s in slot_ids)
+        ranks = tuple([self.slots[s].wrank for s in slot_ids])
         cache = ranks in world.comm_keys or len(world.comm_keys) < cache_size
         if cache:
             world.comm_keys.add(ranks)
@@ -362,7 +366,8 @@ class Worlds:
     def drop(self, world: World) -> List[int]:
         """Forget a world whose launcher ended (stopping what is left); its slot ids."""
         self.stop(world)
-        self.worlds.pop(world.id, None)
+        if self.worlds.pop(world.id, None) is not None and world.recycling:
+            self.recycling -= 1
         return list(world.slot_ids.values())
 
     def retire(self, world: World) -> List[int]:
