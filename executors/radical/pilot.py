@@ -374,6 +374,14 @@ class Pilot:
                     # cancel), where RP's pilot manager notices its pilot's end ~6 s later.
                     self.pmgr.cancel_pilots(_timeout=0.1)   # sent; 0 would wait forever
                     pilot_ended = _agent_ended_within(self.sandbox, CANCEL_WAIT_S)
+                elif self.slurm_job_id is not None:
+                    # A pilot that is a batch job has ended when its job has (its agent
+                    # exits on the cancel): the batch system is asked, where RP's pilot
+                    # manager learns it from PSI/J's queue poll, every 30 s (the close
+                    # waited 14.9 s for it here).
+                    self.pmgr.cancel_pilots(_timeout=0.1)
+                    pilot_ended = _job_ended_within(self.provider.job_active,
+                                                    self.slurm_job_id, CANCEL_WAIT_S)
                 else:
                     # Bounded: a pilot whose agent never came up cannot report CANCELED,
                     # and RP's wait has no end by default; what is left is killed below.
@@ -408,6 +416,16 @@ def _agent_ended_within(sandbox: str, timeout: float) -> bool:
     session's leftovers."""
     deadline = time.monotonic() + timeout
     while not all(_bootstrapper(proc) for proc in session_processes(sandbox)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _job_ended_within(job_active: Callable[[str], bool], job_id: str, timeout: float) -> bool:
+    """Whether batch job ``job_id`` leaves the batch system's queue within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while job_active(job_id):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
