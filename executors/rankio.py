@@ -334,7 +334,8 @@ class Follower:
         """Make the task's node-local files dir (owner-only; ``make=False``: its ranks write
         none) and follow it while it runs (the hang watch)."""
         if task.files is None:
-            directories = self.directories(task.id)
+            # A task whose ranks write no files dir has none to read, list or remove.
+            directories = self.directories(task.id) if make else ()
             if make:
                 try:   # in the owner-only node root: mkdir's mode can only narrow under a umask
                     os.mkdir(directories[0], 0o700)
