@@ -140,6 +140,8 @@ def test_radical_started_by_the_batch_system():
     # names (not the default one): its agent runs in the job on its first node, its
     # RAPTOR worker's ranks on both nodes, node by node.
     first, second = PARTITION_NODES[SECOND_PARTITION]
+    psij = os.path.expanduser("~/.psij/work/slurm")
+    before = set(os.listdir(psij)) if os.path.isdir(psij) else set()
     with hetflow.runtime("radical", startup_timeout=300,
                          slurm={"nodes": 2, "ntasks": 4, "time": "8",
                                 "partition": SECOND_PARTITION}) as dfk:
@@ -150,8 +152,10 @@ def test_radical_started_by_the_batch_system():
         assert where().result(timeout=120) == [first, first, second, second]
         assert sizes().result(timeout=120) == [2, 2]
     _gone(job)
-    # PSI/J (RP's job submitter) leaves the job's script and output in ~/.psij: removed.
-    assert not os.path.exists(os.path.expanduser(f"~/.psij/work/slurm/{job}.out"))
+    # PSI/J (RP's job submitter) leaves the job's script, output and launcher log in ~/.psij:
+    # removed (PSI/J's own clean-up comes with its queue poll, which the close does not wait for)
+    assert not os.path.exists(os.path.join(psij, f"{job}.out"))
+    assert set(os.listdir(psij)) <= before, set(os.listdir(psij)) - before
 
 
 def test_pilot_slurm_requests_are_checked():

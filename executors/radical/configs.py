@@ -198,6 +198,11 @@ def remove_psij_files(place: Placement, sandbox: str, job_id: Optional[str],
                 with open(path, errors="replace") as fh:
                     if sandbox in fh.read():
                         os.unlink(path)
+                        # the job's launcher log, named by PSI/J's id as the script is (PSI/J
+                        # removes it on seeing the job end; the close does not wait for that)
+                        log = os.path.join(work, name[:-len(".job")] + "_launcher.log")
+                        if os.path.exists(log):
+                            os.unlink(log)
         except OSError:
             continue
 
