@@ -4,10 +4,11 @@ UV := $(VENV)/bin/uv
 PYTEST = cd tests && ../$(1)/bin/python -m pytest -q -p no:cacheprovider --rootdir=.. -c ../pyproject.toml $(XDIST)
 # The suite runs in pytest-xdist workers. Tests that must share a worker (the Slurm tests,
 # the tests on one shared runtime) are grouped by tests/conftest.py, which also hands out
-# the longest groups first. Three workers on two cores: the Slurm group mostly waits on the
-# batch queue, and the other two keep both cores busy (measured: ~97% busy; the one-process
-# run left them about half idle). `make test XDIST=` runs it in one process.
-XDIST ?= -n 3 --dist loadgroup --no-loadscope-reorder
+# the longest groups first. Four workers on two cores: most of the suite's time is waiting
+# (pilot starts, the batch queue, launches), and three left the cores half idle (a fresh-clone
+# CI run, Dec 8: 19.4 CPU minutes in 18.2 minutes of wall on 2 cores, the workers' tests
+# 3,124 s). `make test XDIST=` runs it in one process.
+XDIST ?= -n 4 --dist loadgroup --no-loadscope-reorder
 # The engine and parity tests, run again on the lowest declared versions and on Open MPI.
 ENGINE_TESTS := test_frame_join.py test_frame_sort.py test_frame_ops.py test_frame_errors.py
 LOWEST ?= .venv-lowest
@@ -36,7 +37,7 @@ demo: $(PY)
 
 # Everything CI runs (.ci/run): the whole suite (test-main) and, beside it from its start, Open
 # MPI as a second MPI, then the lowest declared versions (test-later). test-main is the
-# critical path: its three workers are handed work until its end (xdist's hand-out replayed
+# critical path: its workers are handed work until its end (xdist's hand-out replayed
 # with CI's test times ends them within 5 s of each other; .ci/timeline JUNIT shows a run's),
 # so run after it the other two added their whole ~140 s to the wall. Beside it they are one
 # pytest process at a time, -n 1, and end well before it (measured, n=1 each: test-openmpi
